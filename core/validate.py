@@ -1,0 +1,130 @@
+"""Input validation in one place, with typed errors that name the field and the problem.
+
+Every entry point (the index, the REST API, the file builder) funnels vectors
+through these functions, so a bad vector is refused the same way everywhere and
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+
+class VectorError(ValueError):
+    """A vector that gmmlsh cannot hash or compare. ``field`` names the culprit."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class DimensionError(VectorError):
+    """Wrong length, or a sparse index outside [0, dim)."""
+
+
+class NonFiniteError(VectorError):
+    """NaN or +/-inf among the values."""
+
+
+class ZeroVectorError(VectorError):
+    """All-zero vector: GMM is 0/0 and GCWS has no sample to draw."""
+
+
+class SparseIndexError(VectorError):
+    """Sparse indices that are unsorted, duplicated, negative or mismatched with values."""
+
+
+def check_dense(values, dim: int | None = None, field: str = "values") -> np.ndarray:
+    """Validate one dense vector; returns it as a contiguous float64 array."""
+    try:
+        v = np.ascontiguousarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise VectorError(field, f"not a list of numbers ({exc})") from None
+    if v.ndim != 1:
+        raise DimensionError(field, f"expected a 1-D vector, got shape {v.shape}")
+    if dim is not None and v.shape[0] != dim:
+        raise DimensionError(field, f"expected {dim} values, got {v.shape[0]}")
+    if v.shape[0] == 0:
+        raise DimensionError(field, "empty vector")
+    if not np.isfinite(v).all():
+        bad = int(np.flatnonzero(~np.isfinite(v))[0])
+        raise NonFiniteError(field, f"value at position {bad} is {v[bad]!r}; values must be finite")
+    if not v.any():
+        raise ZeroVectorError(field, "all-zero vector: GMM is undefined (0/0) for it")
+    return v
+
+
+def check_sparse(indices, values, dim: int | None, field: str = "indices") -> tuple[np.ndarray, np.ndarray]:
+    """Validate one sparse vector; returns (int64 indices, float64 values)."""
+    try:
+        idx = np.asarray(indices)
+        val = np.ascontiguousarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise VectorError(field, f"not a list of numbers ({exc})") from None
+    if idx.ndim != 1 or val.ndim != 1:
+        raise SparseIndexError(field, "indices and values must be flat lists")
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        if not np.all(np.isfinite(idx.astype(np.float64))) or np.any(idx != np.round(idx)):
+            raise SparseIndexError(field, "indices must be integers")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.shape[0] != val.shape[0]:
+        raise SparseIndexError(
+            field, f"{idx.shape[0]} indices but {val.shape[0]} values; they must pair up"
+        )
+    if idx.size and idx.min() < 0:
+        raise SparseIndexError(field, f"negative index {int(idx.min())}")
+    if dim is not None and idx.size and idx.max() >= dim:
+        raise DimensionError(field, f"index {int(idx.max())} out of range for dimension {dim}")
+    if idx.size > 1:
+        step = np.diff(idx)
+        if (step == 0).any():
+            raise SparseIndexError(field, f"duplicate index {int(idx[1:][step == 0][0])}")
+        if (step < 0).any():
+            raise SparseIndexError(field, "indices must be sorted in increasing order")
+    if not np.isfinite(val).all():
+        bad = int(np.flatnonzero(~np.isfinite(val))[0])
+        raise NonFiniteError("values", f"value at position {bad} is {val[bad]!r}; values must be finite")
+    if not val.any():
+        raise ZeroVectorError("values", "all-zero vector: GMM is undefined (0/0) for it")
+    return idx, val
+
+
+def check_batch(X, dim: int | None = None, field: str = "vectors"):
+    """Validate a batch: a 2-D dense array or a CSR matrix. Returns float64 dense or CSR.
+
+    The first bad row is named in the error (``vectors[17]: ...``).
+    """
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float64)
+        if dim is not None and X.shape[1] != dim:
+            raise DimensionError(field, f"expected {dim} columns, got {X.shape[1]}")
+        if not X.has_sorted_indices:
+            X.sort_indices()
+        if not np.isfinite(X.data).all():
+            row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0], "right") - 1)
+            raise NonFiniteError(f"{field}[{row}]", "values must be finite")
+        X.eliminate_zeros()
+        empty = np.flatnonzero(np.diff(X.indptr) == 0)
+        if empty.size:
+            raise ZeroVectorError(f"{field}[{int(empty[0])}]", "all-zero vector: GMM is undefined (0/0) for it")
+        return X
+    try:
+        A = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise VectorError(field, f"not an array of numbers ({exc})") from None
+    if A.ndim == 1:
+        A = A[None, :]
+    if A.ndim != 2:
+        raise DimensionError(field, f"expected a 2-D batch, got shape {A.shape}")
+    if dim is not None and A.shape[1] != dim:
+        raise DimensionError(field, f"expected {dim} values per vector, got {A.shape[1]}")
+    finite = np.isfinite(A)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite.all(axis=1))[0])
+        raise NonFiniteError(f"{field}[{row}]", "values must be finite")
+    zero = ~A.any(axis=1)
+    if zero.any():
+        raise ZeroVectorError(f"{field}[{int(np.flatnonzero(zero)[0])}]", "all-zero vector: GMM is undefined (0/0) for it")
+    return np.ascontiguousarray(A)

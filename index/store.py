@@ -1,0 +1,128 @@
+"""The storage interface: what the index needs from a backend, and nothing more.
+
+The LSH logic (hashing, banding, ranking, rerank) lives in :mod:`index.index`;
+a backend only keeps bytes under names and answers bulk reads. Two backends
+implement it — :mod:`index.lmdb_store` (embedded, the default) and
+:mod:`index.redis_store` (shared by many API replicas) — and both pass the same
+contract tests (``tests/test_store_contract.py``).
+
+Vocabulary
+----------
+* **external id** (``str``): the user's id.
+* **internal id** (``iid``, ``uint32``): the store's handle for one *version* of
+  a vector. A record under an iid never changes once written; an upsert may
+  reuse the iid (LMDB, inside one transaction) or allocate a new one (Redis),
+  but readers can cache ``iid → blob`` forever either way, because a deleted or
+  replaced iid disappears from every bucket in the same atomic step.
+* **blob fields**: ``vector`` (encoded by :mod:`index.codec`, norm included),
+  ``sketch`` (packed b-bit codes), ``nrff`` (float32 features, optional),
+  ``meta`` (JSON bytes, optional).
+* **band key** (``bytes``): 2-byte big-endian band number + packed codes of
+  that band. A bucket holds the iids of every vector with that band key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+FIELDS = ("vector", "sketch", "nrff", "meta")
+
+#: ``band_keys_of(sketches)`` maps packed sketches ``(n, sketch_bytes) uint8`` to
+#: band keys ``(n, L, key_bytes) uint8``; the store calls it to find the bucket
+#: entries of a record it is about to replace or delete.
+BandKeysFn = Callable[[np.ndarray], np.ndarray]
+
+
+class StoreError(RuntimeError):
+    """Base class of storage failures."""
+
+
+class StoreUnavailable(StoreError):
+    """The backend cannot be reached (Redis down, LMDB unreadable): the service answers 503."""
+
+
+class ConfigConflict(StoreError):
+    """The stored index configuration differs from the one asked for."""
+
+
+@dataclass
+class RecordBatch:
+    """Columnar batch of records to upsert. Row ``v`` of every field belongs together.
+
+    If an external id appears more than once, the last occurrence wins.
+    """
+
+    ids: list[str]
+    vectors: list[bytes]
+    sketches: np.ndarray  # (n, sketch_bytes) uint8
+    band_keys: np.ndarray  # (n, L, key_bytes) uint8
+    nrff: np.ndarray | None = None  # (n, m) float32
+    meta: list[bytes | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class Store(Protocol):
+    """A backend. All methods are safe to call from several threads of one process."""
+
+    # --- configuration ---------------------------------------------------------
+    def read_config(self) -> dict | None:
+        """The stored index configuration, or None for a new (empty) store."""
+
+    def init_config(self, config: dict) -> dict:
+        """Store ``config`` if none is stored yet; return what is stored (atomically)."""
+
+    # --- writes ----------------------------------------------------------------
+    def upsert(self, batch: RecordBatch, band_keys_of: BandKeysFn) -> None:
+        """Insert or replace every record of the batch.
+
+        Replacing removes the old record's bucket entries. A reader never sees a
+        half-written vector: LMDB commits the batch as one transaction; Redis
+        makes each vector visible atomically and a retried batch completes it.
+        """
+
+    def delete(self, ids: Sequence[str], band_keys_of: BandKeysFn) -> int:
+        """Remove these external ids everywhere; returns how many existed."""
+
+    # --- reads -----------------------------------------------------------------
+    def lookup(self, ids: Sequence[str]) -> np.ndarray:
+        """Internal ids (int64) of these external ids; -1 where unknown."""
+
+    def external_ids(self, iids: np.ndarray) -> list[str | None]:
+        """External ids of these internal ids; None where the iid is gone."""
+
+    def bucket_members(self, keys: Sequence[bytes]) -> np.ndarray:
+        """Members of all these buckets concatenated (uint32), one entry per bucket hit.
+
+        One round trip / one C-level call for all keys: this is the query hot path.
+        """
+
+    def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
+        """Blob ``field`` of each iid, in order; None where absent. One round trip."""
+
+    def scan(self, field: str, batch_size: int = 4096) -> Iterator[tuple[np.ndarray, list[bytes]]]:
+        """Every live record's ``field`` in internal-id order, as (iids, blobs) chunks."""
+
+    def scan_buckets(self) -> Iterator[tuple[bytes, np.ndarray]]:
+        """Every bucket as (band key, member iids); for integrity checks."""
+
+    def count(self) -> int:
+        """Number of live vectors (exact)."""
+
+    def iid_bound(self) -> int:
+        """An upper bound (exclusive) on every live internal id, for sizing arrays."""
+
+    # --- housekeeping ------------------------------------------------------------
+    def ping(self) -> None:
+        """Raise :class:`StoreUnavailable` if the backend cannot be reached."""
+
+    def info(self) -> dict:
+        """Backend facts for /stats and `gmmlsh info`: kind, location, bytes used."""
+
+    def close(self) -> None:
+        """Release connections / the environment."""
