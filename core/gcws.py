@@ -27,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
 from core.rng import coord_key, hash_code, uniform
 from core.validate import check_batch, check_sparse
 
@@ -39,8 +40,7 @@ _CHUNK = 64
 TABLE_BUDGET_BYTES = 64 << 20
 
 
-@njit(nogil=True, parallel=True, cache=True)
-def _fill_constants(coords, k, seed):
+def _fill_constants_impl(coords, k, seed):
     """Per-(coordinate, sample) constants, block-major: (ceil(k/_JB), len(coords), 4, _JB).
 
     Slot 0 = 1/r, 1 = β, 2 = ln c − r(1 − β), 3 = r, so that
@@ -82,8 +82,7 @@ def _block_step(lx, p, invr, beta, base, rate, best_in, arg_in, best_out, arg_ou
         arg_out[jj] = p if la < b else a
 
 
-@njit(nogil=True, parallel=True, cache=True)
-def _sample(indptr, rows, coords, logs, table, k, out_i, out_t):
+def _sample_impl(indptr, rows, coords, logs, table, k, out_i, out_t):
     """Core GCWS loop: for each vector and sample, the argmin of ln a over its nonzeros.
 
     ``rows[p]`` is the table row of nonzero ``p``; ``coords[p]`` its 2D coordinate
@@ -116,6 +115,12 @@ def _sample(indptr, rows, coords, logs, table, k, out_i, out_t):
                     c = tb[rows[p]]
                     out_i[v, jb + jj] = coords[p]
                     out_t[v, jb + jj] = np.int64(np.floor(logs[p] * c[0, jj] + c[1, jj]))
+
+
+_fill_constants = njit(nogil=True, parallel=True, cache=True)(_fill_constants_impl)
+_fill_constants_serial = njit(nogil=True, cache=True)(_fill_constants_impl)
+_sample = njit(nogil=True, parallel=True, cache=True)(_sample_impl)
+_sample_serial = njit(nogil=True, cache=True)(_sample_impl)
 
 
 @njit(nogil=True, cache=True)
@@ -178,7 +183,8 @@ def _split_csr(indptr_in, indices, data):
 @functools.lru_cache(maxsize=4)
 def constant_table(dim2: int, k: int, seed: int) -> np.ndarray:
     """All constants for a 2D-space of ``dim2`` coordinates: built once per process."""
-    table = _fill_constants(np.arange(dim2, dtype=np.int64), k, np.uint64(seed))
+    with PARALLEL_LOCK:
+        table = _fill_constants(np.arange(dim2, dtype=np.int64), k, np.uint64(seed))
     table.setflags(write=False)
     return table
 
@@ -202,6 +208,15 @@ def _as_split(X, center):
     c = np.zeros(X.shape[1]) if center is None else np.ascontiguousarray(center, dtype=np.float64)
     if c.shape != (X.shape[1],):
         raise ValueError(f"center: expected {X.shape[1]} values, got shape {c.shape}")
+    if center is not None:
+        # check_batch was skipped (a zero row is fine once centred): NaN/inf must still be refused
+        from core.validate import NonFiniteError
+
+        if not np.isfinite(c).all():
+            raise NonFiniteError("center", "values must be finite")
+        bad = np.flatnonzero(~np.isfinite(X - c).all(axis=1))
+        if bad.size:
+            raise NonFiniteError(f"vectors[{int(bad[0])}]", "values must be finite")
     indptr, coords, logs = _split_dense(np.ascontiguousarray(X), c, center is not None)
     empty = np.flatnonzero(np.diff(indptr) == 0)
     if empty.size:
@@ -239,13 +254,21 @@ def sketch(
         rows = coords
     elif path == "direct":
         uniq, rows = np.unique(coords, return_inverse=True)
-        table = _fill_constants(uniq, k, np.uint64(seed))
+        if uniq.shape[0] * k >= PARALLEL_MIN_WORK // 16:
+            with PARALLEL_LOCK:
+                table = _fill_constants(uniq, k, np.uint64(seed))
+        else:
+            table = _fill_constants_serial(uniq, k, np.uint64(seed))
         rows = rows.astype(np.int64).reshape(-1)
     else:
         raise ValueError(f"path: expected 'auto', 'table' or 'direct', got {path!r}")
     out_i = np.empty((n, k), dtype=np.int32)
     out_t = np.empty((n, k), dtype=np.int64)
-    _sample(indptr, rows, coords, logs, table, k, out_i, out_t)
+    if n > 1 and coords.shape[0] * k >= PARALLEL_MIN_WORK:
+        with PARALLEL_LOCK:
+            _sample(indptr, rows, coords, logs, table, k, out_i, out_t)
+    else:
+        _sample_serial(indptr, rows, coords, logs, table, k, out_i, out_t)
     if one:
         out_i, out_t = out_i[0], out_t[0]
     return (out_i, out_t) if return_t else out_i
@@ -262,14 +285,14 @@ def sketch_sparse_vector(indices, values, dim: int, k: int, seed: int = 0, **kw)
 # --- b-bit codes -----------------------------------------------------------------
 
 
-@njit(nogil=True, parallel=True, cache=True)
+@njit(nogil=True, cache=True)
 def _codes(istar, tstar, use_t, t_bits, b, seed):
     n, k = istar.shape
     out = np.empty((n, k), dtype=np.uint16)
     mask = np.uint64((1 << b) - 1)
     tmask = np.int64((1 << t_bits) - 1)
     s = np.uint64(seed)
-    for v in prange(n):
+    for v in range(n):
         for j in range(k):
             val = np.uint64(istar[v, j])
             if use_t:

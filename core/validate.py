@@ -97,7 +97,8 @@ def check_batch(X, dim: int | None = None, field: str = "vectors"):
     The first bad row is named in the error (``vectors[17]: ...``).
     """
     if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
+        # a copy: sorting and dropping stored zeros below must not touch the caller's arrays
+        X = sp.csr_matrix(X, dtype=np.float64, copy=True)
         if dim is not None and X.shape[1] != dim:
             raise DimensionError(field, f"expected {dim} columns, got {X.shape[1]}")
         if not X.has_sorted_indices:

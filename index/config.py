@@ -20,8 +20,8 @@ class IndexConfig:
     """Everything that fixes an index's layout. ``k = bands · rows`` GCWS samples."""
 
     dim: int
-    bands: int = 64
-    rows: int = 4
+    bands: int = 80
+    rows: int = 6
     bits: int = 8
     seed: int = 0
     t_bits: int = 0

@@ -1,19 +1,47 @@
 """The GMM index: GCWS sketches, LSH banding, candidate ranking and exact rerank.
 
-(Skeleton: the public API below is the contract the service and the CLI code
-against; bodies land with issue 3.)
+Query (mode ``lsh``): sketch the query → read its L buckets in one store call →
+count band hits per candidate (numba) → keep the ``candidates`` with the most
+hits → exact GMM on those → top k. Ranking by hits is what makes this fast on
+real data: random Fashion-MNIST pairs have GMM ≈ 0.32, so banding alone
+touches a large share of the index, but a true neighbour (GMM ≈ 0.77) hits
+many more bands than a random vector does.
+
+Records under an internal id never change (see :mod:`index.store`), so each
+process keeps a read cache of dense vectors indexed by iid: the rerank is then
+a numba gather over candidate rows with no store round trip per candidate.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import orjson
+import scipy.sparse as sp
+from numba import njit
 
+from core import gcws, nrff
+from core.agreement import SAMPLES_PER_WORD, agreement2, pack2
+from core.gmm import l1_norms, score_rows
+from core.validate import VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
+from index import codec
+from index.banding import Banding
 from index.config import IndexConfig
+from index.store import ConfigConflict, RecordBatch, Store
 
 MODES = ("lsh", "exact", "nrff")
+#: Largest k a query may ask for.
+MAX_K = 10_000
+#: Default rerank budget: candidates scored exactly per query (see bench/RESULTS.md).
+DEFAULT_CANDIDATES = 200
+#: Default per-process vector cache (bytes); beyond it the rerank reads the store.
+DEFAULT_CACHE_BYTES = 1 << 30
 
 
 class UnknownIdError(KeyError):
@@ -50,66 +78,468 @@ class StoredVector:
     metadata: dict | None
 
 
-class Index:
-    """Open with :meth:`open`; one instance per process (never share across fork).
+@njit(nogil=True, cache=True)
+def _count_hits(members, counts):
+    """Distinct members and how often each occurs; ``counts`` is zero on entry and on exit."""
+    uniq = np.empty(members.shape[0], dtype=np.int64)
+    n = 0
+    for m in members:
+        if counts[m] == 0:
+            uniq[n] = m
+            n += 1
+        counts[m] += 1
+    hits = np.empty(n, dtype=np.int32)
+    for t in range(n):
+        hits[t] = counts[uniq[t]]
+        counts[uniq[t]] = 0
+    return uniq[:n], hits
 
-    * ``Index.open(location, config=None, *, prefix="gmmlsh", create=True)``:
-      ``location`` is a directory (LMDB) or a ``redis://`` / ``rediss://`` URL
-      (``prefix`` names the index inside Redis). ``config=None`` reads the stored
-      one (error if there is none and ``create`` needs one); a config that
-      conflicts with the stored one raises :class:`index.store.ConfigConflict`.
-    * ``upsert(ids, X, metadata=None) -> int``: ``X`` a dense 2-D array (n, dim)
-      or a scipy CSR matrix; metadata a list of dicts/None. Validates everything
-      first (``core.validate`` errors) and writes nothing if any row is bad.
-    * ``delete(ids) -> int``; ``get(id) -> StoredVector`` (UnknownIdError);
-      ``contains(id)``; ``count()``.
-    * ``query(vector=None, *, id=None, k=10, mode="lsh", min_similarity=0.0,
-      candidates=None, bands=None) -> QueryResult``. ``vector`` is a dense 1-D
-      array, or a ``(indices, values)`` pair, or a 1-row CSR matrix. By ``id``
-      the vector itself is excluded from its neighbours.
-    * ``query_batch(X, k=10, ...) -> list[QueryResult]``.
-    * ``stats() -> dict``; ``ping()``; ``close()``; usable as a context manager.
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest scores, best first (stable for ties)."""
+    if scores.shape[0] > k:
+        part = np.argpartition(-scores, k - 1)[:k]
+    else:
+        part = np.arange(scores.shape[0])
+    return part[np.argsort(-scores[part], kind="stable")]
+
+
+class _RowCache:
+    """iid-indexed copy of fixed-size rows (dense vectors or sketches), filled on first use.
+
+    Safe because a record under an iid never changes. Shared by threads: growth
+    swaps in bigger arrays under a lock; fills of distinct rows do not conflict.
     """
 
-    config: IndexConfig
+    def __init__(self, field: str, width: int, dtype, decode, max_bytes: int):
+        self.field, self.width, self.dtype, self._decode = field, width, np.dtype(dtype), decode
+        self.max_rows = max(0, max_bytes // (width * self.dtype.itemsize + 9))
+        self.values = np.zeros((0, width), dtype=self.dtype)
+        self.norms = np.zeros(0)
+        self.have = np.zeros(0, dtype=bool)
+        self._lock = threading.Lock()
 
+    def _grow(self, need: int) -> None:
+        cap = min(self.max_rows, max(need, 2 * self.values.shape[0], 1024))
+        values = np.zeros((cap, self.width), dtype=self.dtype)
+        norms = np.zeros(cap)
+        have = np.zeros(cap, dtype=bool)
+        n = self.values.shape[0]
+        values[:n], norms[:n], have[:n] = self.values, self.norms, self.have
+        self.values, self.norms, self.have = values, norms, have
+
+    def rows(self, iids: np.ndarray, store: Store):
+        """(live iids, values, norms, rows): row ``rows[t]`` of ``values`` belongs to ``live[t]``.
+
+        Cached iids cost nothing; misses are fetched in one store call. iids past
+        the cache's budget are fetched into a temporary array instead.
+        """
+        if iids.shape[0] == 0 or int(iids.max()) >= self.max_rows:
+            blobs = store.fetch(iids, self.field)
+            ok = np.array([b is not None for b in blobs], dtype=bool)
+            values, norms = self._decode([b for b in blobs if b is not None])
+            return iids[ok], values, norms, np.arange(values.shape[0], dtype=np.int64)
+        with self._lock:
+            if int(iids.max()) >= self.values.shape[0]:
+                self._grow(int(iids.max()) + 1)
+            values, norms, have = self.values, self.norms, self.have
+        missing = iids[~have[iids]]
+        if missing.shape[0]:
+            blobs = store.fetch(missing, self.field)
+            ok = np.array([b is not None for b in blobs], dtype=bool)
+            got = missing[ok]
+            if got.shape[0]:
+                v, nrm = self._decode([b for b in blobs if b is not None])
+                values[got] = v
+                norms[got] = nrm
+                have[got] = True
+            if not ok.all():  # retired between the bucket read and now
+                iids = iids[~np.isin(iids, missing[~ok])]
+        live = iids.astype(np.int64)
+        return live, values, norms, live
+
+
+def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
+    """A directory → LMDB; a ``redis://`` / ``rediss://`` URL → Redis."""
+    loc = str(location)
+    if loc.startswith(("redis://", "rediss://", "unix://")):
+        from index.redis_store import RedisStore
+
+        return RedisStore(loc, prefix=prefix, **options)
+    from index.lmdb_store import LmdbStore
+
+    return LmdbStore(loc, **options)
+
+
+class Index:
+    """An opened index. One instance per process (never share one across fork); thread-safe."""
+
+    def __init__(self, store: Store, config: IndexConfig, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 default_candidates: int | None = None):
+        self.store = store
+        self.config = config
+        self.banding = Banding(config.bands, config.rows, config.bits)
+        self.default_candidates = int(default_candidates or config.extra.get("candidates", DEFAULT_CANDIDATES))
+        self._center = np.asarray(config.center, dtype=np.float64) if config.center is not None else None
+        dim = config.dim
+        self._cache = (
+            _RowCache("vector", dim, np.float32, lambda b: codec.decode_dense(b, dim), cache_bytes)
+            if config.storage == "dense" else None
+        )
+        # 2-bit ranking codes (k/4 bytes a vector) for the agreement pre-rank.
+        self._sketches = _RowCache(
+            "sketch", -(-config.k // SAMPLES_PER_WORD), np.uint64, self._decode_sketches, cache_bytes // 4
+        )
+        self._scratch = threading.local()
+
+    def _decode_sketches(self, blobs: list[bytes]):
+        packed = np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), -1)
+        return pack2(gcws.unpack_codes(packed, self.config.k, self.config.bits)), np.zeros(len(blobs))
+
+    # --- opening ------------------------------------------------------------------
     @classmethod
     def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh",
-             create: bool = True, **store_options) -> Index:
-        raise NotImplementedError
+             create: bool = True, cache_bytes: int = DEFAULT_CACHE_BYTES, **store_options) -> Index:
+        """Open (or create, given a config) the index at a directory or Redis URL."""
+        loc = str(location)
+        is_redis = loc.startswith(("redis://", "rediss://", "unix://"))
+        if not is_redis and config is None and not (Path(loc) / "data.mdb").exists():
+            raise FileNotFoundError(f"index: no index at {loc}; create one by giving its parameters (dim, ...)")
+        store = open_store(loc, prefix=prefix, **store_options)
+        try:
+            stored = store.read_config()
+            if stored is None:
+                if config is None or not create:
+                    raise FileNotFoundError(f"index: no index at {loc} (prefix {prefix!r})")
+                stored = store.init_config(config.to_dict())
+            found = IndexConfig.from_dict(stored)
+            if config is not None:
+                diffs = config.conflicts(found)
+                if diffs:
+                    raise ConfigConflict(f"index at {loc} has other parameters: " + "; ".join(diffs))
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, found, cache_bytes=cache_bytes)
 
+    # --- vector preparation ---------------------------------------------------------
+    def _as_stored(self, X, field_name: str = "vectors"):
+        """Validate a batch and round it to what is stored: float32, dense or CSR per config."""
+        cfg = self.config
+        X = check_batch(X, cfg.dim, field=field_name)
+        if cfg.storage == "dense":
+            with np.errstate(over="ignore"):
+                X32 = (X.toarray() if sp.issparse(X) else X).astype(np.float32)
+            check_batch(X32, cfg.dim, field=field_name)  # float32 overflow / underflow
+        else:
+            X32 = sp.csr_matrix(X, dtype=np.float32)
+            X32.sort_indices()
+            check_batch(X32, cfg.dim, field=field_name)
+        return X32
+
+    def _hashable(self, X32):
+        """Float64 view of stored values, with the centre subtracted, for sketches and norms."""
+        if sp.issparse(X32):
+            return sp.csr_matrix(X32, dtype=np.float64)
+        X = X32.astype(np.float64)
+        if self._center is not None:
+            X = X - self._center
+            empty = np.flatnonzero(~X.any(axis=1))
+            if empty.size:
+                raise ZeroVectorError(f"vectors[{int(empty[0])}]", "equals the index centre: nothing to sample")
+        return X
+
+    def _codes(self, Xh) -> np.ndarray:
+        cfg = self.config
+        if cfg.t_bits:
+            istar, tstar = gcws.sketch(Xh, cfg.k, cfg.seed, return_t=True)
+        else:
+            istar, tstar = gcws.sketch(Xh, cfg.k, cfg.seed), None
+        return gcws.bbit_codes(istar, cfg.bits, cfg.seed, tstar, cfg.t_bits)
+
+    # --- writes ---------------------------------------------------------------------
     def upsert(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> int:
-        raise NotImplementedError
+        """Insert or replace vectors by id. Validates all rows first; writes all or nothing."""
+        ids = [self._check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+        n = X.shape[0] if hasattr(X, "shape") and np.ndim(X) == 2 else len(X)
+        if len(ids) != n:
+            raise VectorError("ids", f"{len(ids)} ids for {n} vectors")
+        if metadata is not None and len(metadata) != n:
+            raise VectorError("metadata", f"{len(metadata)} entries for {n} vectors")
+        if n == 0:
+            return 0
+        X32 = self._as_stored(X)
+        meta = None
+        if metadata is not None:
+            meta = []
+            for j, m in enumerate(metadata):
+                if m is not None and not isinstance(m, dict):
+                    raise VectorError(f"metadata[{j}]", "must be a JSON object or null")
+                try:
+                    meta.append(orjson.dumps(m) if m is not None else None)
+                except TypeError as exc:
+                    raise VectorError(f"metadata[{j}]", f"not JSON-serialisable ({exc})") from None
+        Xh = self._hashable(X32)
+        codes = self._codes(Xh)
+        norms = l1_norms(Xh)
+        vectors = codec.encode_dense(X32, norms) if self.config.storage == "dense" else codec.encode_sparse(X32, norms)
+        feats = None
+        if self.config.nrff_k:
+            feats = nrff.features(X32.astype(np.float64) if not sp.issparse(X32) else X32,
+                                  self.config.nrff_k, self.config.gamma, self.config.seed).astype(np.float32)
+        batch = RecordBatch(
+            ids=ids,
+            vectors=vectors,
+            sketches=gcws.pack_codes(codes, self.config.bits),
+            band_keys=self.banding.keys_from_codes(codes),
+            nrff=feats,
+            meta=meta,
+        )
+        self.store.upsert(batch, self.banding.keys_from_sketches)
+        return n
 
     def delete(self, ids: Sequence[str]) -> int:
-        raise NotImplementedError
+        """Remove these ids everywhere; returns how many existed."""
+        ids = [self._check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+        return self.store.delete(ids, self.banding.keys_from_sketches) if ids else 0
 
-    def get(self, ext_id: str) -> StoredVector:
-        raise NotImplementedError
+    @staticmethod
+    def _check_id(ext_id, field_name: str = "id") -> str:
+        if not isinstance(ext_id, str):
+            raise VectorError(field_name, f"ids are strings, got {type(ext_id).__name__}")
+        if not ext_id or len(ext_id.encode()) > 512:
+            raise VectorError(field_name, "ids must be 1 to 512 bytes of UTF-8")
+        return ext_id
+
+    # --- reads ----------------------------------------------------------------------
+    def count(self) -> int:
+        return self.store.count()
 
     def contains(self, ext_id: str) -> bool:
-        raise NotImplementedError
+        return bool(self.store.lookup([ext_id])[0] >= 0)
 
-    def count(self) -> int:
-        raise NotImplementedError
+    def _iid(self, ext_id: str) -> int:
+        iid = int(self.store.lookup([self._check_id(ext_id)])[0])
+        if iid < 0:
+            raise UnknownIdError(ext_id)
+        return iid
 
+    def get(self, ext_id: str) -> StoredVector:
+        """The stored vector (float32 values) and metadata of an id."""
+        iid = np.array([self._iid(ext_id)], dtype=np.int64)
+        blob = self.store.fetch(iid, "vector")[0]
+        if blob is None:
+            raise UnknownIdError(ext_id)
+        meta = self.store.fetch(iid, "meta")[0]
+        meta = orjson.loads(meta) if meta else None
+        if self.config.storage == "dense":
+            values, _ = codec.decode_dense([blob], self.config.dim)
+            return StoredVector(ext_id, values[0].copy(), None, meta)
+        X, _ = codec.decode_sparse([blob], self.config.dim)
+        return StoredVector(ext_id, X.data.copy(), X.indices.astype(np.int64), meta)
+
+    def _query_vector(self, vector):
+        """An ad-hoc query, validated and rounded to stored precision (1-D or 1-row CSR)."""
+        dim = self.config.dim
+        if isinstance(vector, tuple) and len(vector) == 2:
+            idx, val = check_sparse(vector[0], vector[1], dim, field="vector")
+            vector = sp.csr_matrix((val, idx, [0, idx.size]), shape=(1, dim))
+        elif not sp.issparse(vector):
+            vector = check_dense(vector, dim, field="vector")
+        X32 = self._as_stored(vector if sp.issparse(vector) else vector[None, :], "vector")
+        return X32 if sp.issparse(X32) else X32[0]
+
+    def _stored_query(self, ext_id: str):
+        sv = self.get(ext_id)
+        if sv.indices is None:
+            return sv.values
+        return sp.csr_matrix((sv.values, sv.indices, [0, sv.indices.size]), shape=(1, self.config.dim))
+
+    # --- query ----------------------------------------------------------------------
     def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "lsh",
               min_similarity: float = 0.0, candidates: int | None = None,
               bands: int | None = None) -> QueryResult:
-        raise NotImplementedError
+        """Nearest neighbours of a vector or of a stored id (which is then left out)."""
+        if (vector is None) == (id is None):
+            raise VectorError("vector", "give exactly one of a vector or an id")
+        k = self._check_k(k)
+        if mode not in MODES:
+            raise VectorError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        if not (isinstance(min_similarity, int | float) and math.isfinite(min_similarity)):
+            raise VectorError("min_similarity", "must be a finite number")
+        budget = self.default_candidates if candidates is None else int(candidates)
+        if budget < 1:
+            raise VectorError("candidates", f"must be ≥ 1, got {budget}")
+        if bands is not None and not 1 <= bands <= self.config.bands:
+            raise VectorError("bands", f"must be between 1 and {self.config.bands}, got {bands}")
+        exclude = -1
+        if id is not None:
+            exclude = self._iid(id)
+            q = self._stored_query(id)
+        else:
+            q = self._query_vector(vector)
+        qh = self._hashable(q if sp.issparse(q) else q[None, :])
+        q64 = qh if sp.issparse(qh) else qh[0]
+        if mode == "lsh":
+            iids, sims = self._lsh(q64, qh, exclude, budget, bands)
+        elif mode == "exact":
+            iids, sims = self._exact(q64, exclude)
+        else:
+            iids, sims = self._nrff(q, exclude, budget)
+        return self._result(mode, k, iids, sims, min_similarity)
 
     def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
                     candidates: int | None = None, bands: int | None = None) -> list[QueryResult]:
-        raise NotImplementedError
+        """One query per row of ``X`` (dense 2-D or CSR)."""
+        n = X.shape[0]
+        return [self.query(X[i] if sp.issparse(X) else np.asarray(X[i]), k=k, mode=mode,
+                           min_similarity=min_similarity, candidates=candidates, bands=bands)
+                for i in range(n)]
 
+    @staticmethod
+    def _check_k(k) -> int:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer):
+            raise VectorError("k", f"must be an integer, got {k!r}")
+        if not 1 <= k <= MAX_K:
+            raise VectorError("k", f"must be between 1 and {MAX_K}, got {k}")
+        return int(k)
+
+    def _counts(self, bound: int) -> np.ndarray:
+        counts = getattr(self._scratch, "counts", None)
+        if counts is None or counts.shape[0] < bound:
+            counts = np.zeros(max(bound, 1024) * 2, dtype=np.int32)
+            self._scratch.counts = counts
+        return counts
+
+    def candidates(self, codes: np.ndarray, bands: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct bucket members for a query's codes, with their band-hit counts."""
+        keys = self.banding.key_list(self.banding.keys_from_codes(codes)[0], bands)
+        members = self.store.bucket_members(keys)
+        if members.shape[0] == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        return _count_hits(members, self._counts(int(members.max()) + 1))
+
+    def _lsh(self, q64, qh, exclude: int, budget: int, bands: int | None):
+        """Bucket candidates → best ``budget`` by full-sketch agreement → exact GMM.
+
+        Agreement over all k samples (on 2-bit codes, see :mod:`core.agreement`)
+        is a far sharper ranking than the count of whole bands hit.
+        """
+        codes = self._codes(qh)
+        iids, _ = self.candidates(codes, bands)
+        if exclude >= 0:
+            iids = iids[iids != exclude]
+        if iids.shape[0] > budget:
+            live, S, _, rows = self._sketches.rows(iids, self.store)
+            agree = agreement2(pack2(codes)[0], S, rows)
+            iids = live[_top(agree.astype(np.float64), budget)]
+        return self._score(q64, iids)
+
+    def _score(self, q64, iids: np.ndarray):
+        """Exact GMM of the query against these iids (those still present)."""
+        if iids.shape[0] == 0:
+            return iids.astype(np.int64), np.zeros(0)
+        if self._cache is not None:
+            live, values, norms, rows = self._cache.rows(iids, self.store)
+            if self._center is not None:
+                return live, score_rows(q64, self._centred(values[rows]), None, norms[rows])
+            return live, score_rows(q64, values, rows, norms)
+        blobs = self.store.fetch(iids, "vector")
+        ok = np.array([b is not None for b in blobs], dtype=bool)
+        X, norms = codec.decode_sparse([b for b in blobs if b is not None], self.config.dim)
+        return iids[ok], score_rows(q64, X, None, norms)
+
+    def _centred(self, X):
+        if self._center is None or sp.issparse(X):
+            return X
+        return X.astype(np.float64) - self._center
+
+    def _exact(self, q64, exclude: int):
+        """Brute force over every stored vector: the ground truth."""
+        all_iids, all_sims = [], []
+        for iids, blobs in self.store.scan("vector"):
+            if self.config.storage == "dense":
+                X, norms = codec.decode_dense(blobs, self.config.dim)
+            else:
+                X, norms = codec.decode_sparse(blobs, self.config.dim)
+            all_iids.append(iids)
+            all_sims.append(score_rows(q64, self._centred(X), None, norms))
+        if not all_iids:
+            return np.zeros(0, np.int64), np.zeros(0)
+        iids, sims = np.concatenate(all_iids), np.concatenate(all_sims)
+        keep = iids != exclude
+        return iids[keep], sims[keep]
+
+    def _nrff(self, q, exclude: int, budget: int):
+        """Scan stored NRFF features, then score the best ``budget`` by the exact RBF."""
+        cfg = self.config
+        if not cfg.nrff_k:
+            raise VectorError("mode", "this index stores no NRFF features (created with nrff_k=0)")
+        f = nrff.features(q if sp.issparse(q) else q.astype(np.float64), cfg.nrff_k, cfg.gamma, cfg.seed)
+        f = np.asarray(f, dtype=np.float32).reshape(-1)
+        all_iids, all_est = [], []
+        for iids, blobs in self.store.scan("nrff"):
+            F = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), cfg.nrff_k)
+            all_iids.append(iids)
+            all_est.append(F @ f)
+        if not all_iids:
+            return np.zeros(0, np.int64), np.zeros(0)
+        iids, est = np.concatenate(all_iids), np.concatenate(all_est).astype(np.float64)
+        keep = iids != exclude
+        iids, est = iids[keep], est[keep]
+        top = iids[_top(est, min(budget, iids.shape[0]))]
+        return self._rbf(q, top)
+
+    def _rbf(self, q, iids: np.ndarray):
+        blobs = self.store.fetch(iids, "vector")
+        ok = np.array([b is not None for b in blobs], dtype=bool)
+        live = [b for b in blobs if b is not None]
+        if self.config.storage == "dense":
+            X, _ = codec.decode_dense(live, self.config.dim)
+            X = X.astype(np.float64)
+            qv = np.asarray(q, dtype=np.float64)
+            dots = X @ qv
+            xn = np.linalg.norm(X, axis=1)
+            qn = np.linalg.norm(qv)
+        else:
+            X, _ = codec.decode_sparse(live, self.config.dim)
+            X = X.astype(np.float64)
+            qs = sp.csr_matrix(q, dtype=np.float64)
+            dots = np.asarray((X @ qs.T).todense()).ravel()
+            xn = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+            qn = math.sqrt(float(qs.multiply(qs).sum()))
+        rho = np.clip(dots / (xn * qn), -1.0, 1.0)
+        return iids[ok], np.exp(-self.config.gamma * (1.0 - rho))
+
+    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, min_similarity: float) -> QueryResult:
+        scored = int(iids.shape[0])
+        order = _top(sims, min(k, scored))
+        order = order[sims[order] >= min_similarity]
+        top_iids, top_sims = iids[order], sims[order]
+        names = self.store.external_ids(top_iids)
+        metas = self.store.fetch(top_iids, "meta") if top_iids.shape[0] else []
+        neighbors = [
+            Neighbor(name, float(s), orjson.loads(m) if m else None)
+            for name, s, m in zip(names, top_sims, metas, strict=True)
+            if name is not None
+        ]
+        return QueryResult(mode=mode, k=k, candidates=scored, neighbors=neighbors)
+
+    # --- housekeeping ---------------------------------------------------------------
     def stats(self) -> dict:
-        raise NotImplementedError
+        return {
+            "count": self.count(),
+            "config": self.config.to_dict(),
+            "default_candidates": self.default_candidates,
+            "store": self.store.info(),
+            "pid": os.getpid(),
+        }
 
     def ping(self) -> None:
-        raise NotImplementedError
+        self.store.ping()
 
     def close(self) -> None:
-        raise NotImplementedError
+        self.store.close()
 
     def __enter__(self) -> Index:
         return self

@@ -4,16 +4,16 @@ The LSH logic (hashing, banding, ranking, rerank) lives in :mod:`index.index`;
 a backend only keeps bytes under names and answers bulk reads. Two backends
 implement it — :mod:`index.lmdb_store` (embedded, the default) and
 :mod:`index.redis_store` (shared by many API replicas) — and both pass the same
-contract tests (``tests/test_store_contract.py``).
+contract tests (``tests/store_contract.py``).
 
 Vocabulary
 ----------
 * **external id** (``str``): the user's id.
 * **internal id** (``iid``, ``uint32``): the store's handle for one *version* of
-  a vector. A record under an iid never changes once written; an upsert may
-  reuse the iid (LMDB, inside one transaction) or allocate a new one (Redis),
-  but readers can cache ``iid → blob`` forever either way, because a deleted or
-  replaced iid disappears from every bucket in the same atomic step.
+  a vector. A record under an iid never changes once written, and an iid is
+  never reused: an upsert of an existing id allocates a fresh iid and retires
+  the old one (its blobs and bucket entries go). So a reader may cache
+  ``iid → blob`` forever: a retired iid simply stops appearing in buckets.
 * **blob fields**: ``vector`` (encoded by :mod:`index.codec`, norm included),
   ``sketch`` (packed b-bit codes), ``nrff`` (float32 features, optional),
   ``meta`` (JSON bytes, optional).

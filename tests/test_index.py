@@ -1,0 +1,246 @@
+"""Index acceptance tests (issue 3), run against both backends: a real LMDB on disk and a real redis-server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from redis_fixtures import redis_url  # noqa: F401
+
+from core import gcws, nrff
+from core.gmm import gmm, gmm_matrix
+from core.validate import DimensionError, NonFiniteError, ZeroVectorError
+from index.config import IndexConfig
+from index.index import Index, UnknownIdError
+from index.planner import candidate_probability
+from index.store import ConfigConflict
+
+
+@pytest.fixture(params=["lmdb", "redis"])
+def location(request, tmp_path):
+    """Where a fresh index lives: an LMDB directory, or a fresh prefix on a real Redis."""
+    if request.param == "lmdb":
+        return str(tmp_path / "idx"), {}
+    url = request.getfixturevalue("redis_url")
+    return url, {"prefix": f"t{uuid.uuid4().hex[:12]}"}
+
+
+def _open(location, config=None, **kw):
+    loc, opts = location
+    return Index.open(loc, config, **opts, **kw)
+
+
+def _ids(a, b):
+    return [f"v{i}" for i in range(a, b)]
+
+
+def _answers(ix, Q, mode="lsh"):
+    return [[(n.id, round(n.similarity, 12)) for n in ix.query(q, k=10, mode=mode).neighbors] for q in Q]
+
+
+def test_reopen_in_new_process_gives_same_answers(location, fmnist, tmp_path):
+    X, _, Q, _ = fmnist
+    cfg = IndexConfig(dim=784)
+    with _open(location, cfg) as ix:
+        ix.upsert(_ids(0, 10_000), X[:10_000])
+        assert ix.count() == 10_000
+        before = _answers(ix, Q[:20])
+    loc, opts = location
+    script = textwrap.dedent(f"""
+        import json, numpy as np
+        from index.index import Index
+        Q = np.load({str(tmp_path / 'q.npy')!r})
+        with Index.open({loc!r}, **{opts!r}) as ix:
+            out = [[(n.id, round(n.similarity, 12)) for n in ix.query(q, k=10).neighbors] for q in Q]
+            print(json.dumps([ix.count(), out]))
+    """)
+    np.save(tmp_path / "q.npy", Q[:20])
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    count, after = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert count == 10_000
+    assert [[tuple(p) for p in row] for row in after] == before
+
+
+def test_upsert_replaces_and_delete_removes_everywhere(location, fmnist):
+    X, _, _, _ = fmnist
+    with _open(location, IndexConfig(dim=784, bands=16, rows=4)) as ix:
+        ix.upsert(_ids(0, 500), X[:500], [{"n": i} for i in range(500)])
+        old_keys = [bytes(k) for k in ix.banding.keys_from_codes(ix._codes(X[7:8].astype(float)))[0]]
+        # v7 now holds another image: its old buckets must not list it any more.
+        ix.upsert(["v7"], X[900:901], [{"n": "new"}])
+        assert ix.count() == 500
+        got = ix.get("v7")
+        np.testing.assert_array_equal(got.values, X[900].astype(np.float32))
+        assert got.metadata == {"n": "new"}
+        iid = int(ix.store.lookup(["v7"])[0])
+        new_keys = {bytes(k) for k in ix.banding.keys_from_codes(ix._codes(X[900:901].astype(float)))[0]}
+        for key in old_keys:
+            members = ix.store.bucket_members([key])
+            assert (iid in members.tolist()) == (key in new_keys)
+        # The replaced vector is found as itself, with similarity 1.
+        top = ix.query(X[900], k=1).neighbors[0]
+        assert top.id == "v7" and top.similarity == pytest.approx(1.0)
+        # Delete: gone from lookups, queries (every mode) and buckets.
+        assert ix.delete(["v7", "v8", "nope"]) == 2
+        assert ix.count() == 498
+        assert not ix.contains("v7")
+        with pytest.raises(UnknownIdError):
+            ix.get("v8")
+        for mode in ("lsh", "exact"):
+            for q in (X[900], X[8]):
+                assert {n.id for n in ix.query(q, k=50, mode=mode).neighbors}.isdisjoint({"v7", "v8"})
+        all_members = np.concatenate([m for _, m in ix.store.scan_buckets()])
+        assert iid not in set(all_members.tolist())
+        assert ix.count() == sum(len(i) for i, _ in ix.store.scan("vector"))
+
+
+def test_exact_mode_is_brute_force_and_similarities_are_exact_gmm(location, fmnist):
+    X, _, Q, _ = fmnist
+    base = X[:3000]
+    with _open(location, IndexConfig(dim=784, nrff_k=128, gamma=1.0)) as ix:
+        ix.upsert(_ids(0, 3000), base)
+        S = gmm_matrix(Q[:10].astype(np.float64), base.astype(np.float32))
+        F = nrff.features(base.astype(np.float64), 128, 1.0).astype(np.float32)
+        for qi in range(10):
+            res = ix.query(Q[qi], k=10, mode="exact")
+            assert res.mode == "exact" and res.candidates == 3000
+            want = np.argsort(-S[qi], kind="stable")[:10]
+            np.testing.assert_allclose([n.similarity for n in res.neighbors], S[qi, want], rtol=0, atol=1e-12)
+            assert [n.id for n in res.neighbors][:5] == [f"v{i}" for i in want[:5]]
+            for mode in ("lsh", "exact"):
+                for n in ix.query(Q[qi], k=10, mode=mode).neighbors:
+                    assert n.similarity == pytest.approx(gmm(Q[qi].astype(np.float64), base[int(n.id[1:])]), abs=1e-12)
+            # nrff: the neighbours are the best by estimated RBF among the scanned features,
+            # reported with their exact RBF.
+            res = ix.query(Q[qi], k=10, mode="nrff", candidates=10)
+            f = nrff.features(Q[qi].astype(np.float64), 128, 1.0).astype(np.float32)
+            est_top = set(np.argsort(-(F @ f))[:10].tolist())
+            assert {int(n.id[1:]) for n in res.neighbors} == est_top
+            q = Q[qi].astype(np.float64)
+            for n in res.neighbors:
+                x = base[int(n.id[1:])].astype(np.float64)
+                rho = q @ x / np.linalg.norm(q) / np.linalg.norm(x)
+                assert n.similarity == pytest.approx(np.exp(-(1 - rho)), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_recall_at_10_default_parameters(fmnist, tmp_path):
+    """Recall@10 of lsh vs exact ≥ 0.95: 1,000 test queries over the 60,000 train vectors."""
+    X, _, Q, _ = fmnist
+    Qs = Q[:1000]
+    with Index.open(tmp_path / "full", IndexConfig(dim=784)) as ix:
+        for lo in range(0, 60_000, 10_000):
+            ix.upsert([str(i) for i in range(lo, lo + 10_000)], X[lo : lo + 10_000])
+        S = np.vstack([gmm_matrix(Qs[i : i + 100].astype(np.float64), X.astype(np.float32)) for i in range(0, 1000, 100)])
+        truth = np.argsort(-S, axis=1)[:, :10]
+        hit = 0
+        for qi in range(1000):
+            got = {int(n.id) for n in ix.query(Qs[qi], k=10).neighbors}
+            hit += len(got & set(truth[qi].tolist()))
+        recall = hit / 10_000
+        print(f"recall@10 = {recall:.4f}")
+        assert recall >= 0.95
+
+
+def test_s_curve_matches_planner(fmnist, tmp_path):
+    """The share of pairs that become candidates, binned by GMM, follows 1 − (1 − p^r)^L."""
+    X, _, Q, _ = fmnist
+    cfg = IndexConfig(dim=784, bands=16, rows=3, bits=8)
+    base = X[:4000]
+    with Index.open(tmp_path / "s", cfg) as ix:
+        ix.upsert([str(i) for i in range(4000)], base)
+        S = gmm_matrix(Q[:60].astype(np.float64), base.astype(np.float32))
+        cand = np.zeros_like(S, dtype=bool)
+        for qi in range(60):
+            iids, _ = ix.candidates(ix._codes(Q[qi : qi + 1].astype(np.float64)))
+            names = ix.store.external_ids(iids)
+            cand[qi, [int(n) for n in names]] = True
+    edges = np.linspace(0.1, 0.9, 9)
+    checked = 0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        sel = (S >= lo) & (S < hi)
+        if sel.sum() < 400:
+            continue
+        predicted = candidate_probability(S[sel], cfg.bands, cfg.rows, cfg.bits).mean()
+        observed = cand[sel].mean()
+        assert abs(observed - predicted) <= 0.05, (lo, hi, observed, predicted)
+        checked += 1
+    assert checked >= 4
+
+
+def test_sparse_high_dimensional_and_signed(location):
+    rng = np.random.default_rng(5)
+    dim, n = 55_197, 400
+    rows = []
+    for _ in range(n):
+        idx = np.sort(rng.choice(dim, size=160, replace=False))
+        rows.append((idx, rng.lognormal(size=160)))
+    indptr = np.cumsum([0] + [len(r[0]) for r in rows])
+    X = sp.csr_matrix((np.concatenate([r[1] for r in rows]), np.concatenate([r[0] for r in rows]), indptr),
+                      shape=(n, dim))
+    with _open(location, IndexConfig(dim=dim, storage="sparse", bands=16, rows=4)) as ix:
+        ix.upsert([f"s{i}" for i in range(n)], X)
+        # A near copy of row 3 finds row 3 first, in every mode that applies.
+        idx, val = rows[3]
+        res = ix.query((idx, val * 1.01), k=5)
+        assert res.neighbors[0].id == "s3" and res.neighbors[0].similarity == pytest.approx(1 / 1.01, rel=1e-6)
+        assert ix.query(id="s3", k=5, mode="exact").neighbors[0].id != "s3"
+        got = ix.get("s3")
+        np.testing.assert_array_equal(got.indices, idx)
+        np.testing.assert_allclose(got.values, val.astype(np.float32))
+    signed = np.random.default_rng(6).normal(size=(300, 40))
+    with _open((location[0] + "-signed", {}) if not location[0].startswith("redis") else
+               (location[0], {"prefix": location[1]["prefix"] + "s"}), IndexConfig(dim=40, bands=16, rows=2)) as ix:
+        ix.upsert([str(i) for i in range(300)], signed)
+        # Differs from row 0 only in its negative coordinates: GMM < 1 and it must not be treated as equal.
+        q = signed[0].copy()
+        q[q < 0] *= 3
+        res = ix.query(q, k=300, mode="exact")
+        sims = {n.id: n.similarity for n in res.neighbors}
+        # Queries are compared at storage precision (float32), like stored vectors.
+        f32 = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731
+        assert sims["0"] == pytest.approx(gmm(f32(q), f32(signed[0])), abs=1e-12)
+        assert sims["0"] < 0.9
+        assert ix.query(signed[0], k=1).neighbors[0].id == "0"
+
+
+def test_bad_input_changes_nothing(location):
+    with _open(location, IndexConfig(dim=8, bands=4, rows=2)) as ix:
+        ix.upsert(["a"], np.ones((1, 8)))
+        bad = [
+            (np.ones((1, 7)), DimensionError),
+            (np.array([[np.nan] * 8]), NonFiniteError),
+            (np.zeros((1, 8)), ZeroVectorError),
+            (np.full((1, 8), 1e39), NonFiniteError),  # overflows float32 storage
+        ]
+        for X, err in bad:
+            with pytest.raises(err):
+                ix.upsert(["b"], X)
+        with pytest.raises(ZeroVectorError):  # one bad row refuses the whole batch
+            ix.upsert(["c", "d"], np.vstack([np.ones(8), np.zeros(8)]))
+        assert ix.count() == 1 and not ix.contains("c")
+        with pytest.raises(UnknownIdError):
+            ix.query(id="zz")
+        for kw in ({"k": 0}, {"mode": "fast"}, {"candidates": 0}):
+            with pytest.raises(ValueError):
+                ix.query(np.ones(8), **kw)
+    with pytest.raises(ConfigConflict):
+        _open(location, IndexConfig(dim=8, bands=5, rows=2))
+
+
+def test_sketches_are_stored_as_rehash(location, fmnist):
+    X, _, _, _ = fmnist
+    with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as ix:
+        ix.upsert(_ids(0, 200), X[:200])
+        iids = ix.store.lookup(_ids(0, 200))
+        stored = np.frombuffer(b"".join(ix.store.fetch(iids, "sketch")), np.uint8).reshape(200, -1)
+        want = gcws.pack_codes(gcws.bbit_codes(gcws.sketch(X[:200].astype(np.float32), 32), 8), 8)
+        np.testing.assert_array_equal(stored, want)
