@@ -50,7 +50,7 @@ def check_dense(values, dim: int | None = None, field: str = "values") -> np.nda
         raise DimensionError(field, "empty vector")
     if not np.isfinite(v).all():
         bad = int(np.flatnonzero(~np.isfinite(v))[0])
-        raise NonFiniteError(field, f"value at position {bad} is {v[bad]!r}; values must be finite")
+        raise NonFiniteError(field, f"value at position {bad} is {float(v[bad])}; values must be finite")
     if not v.any():
         raise ZeroVectorError(field, "all-zero vector: GMM is undefined (0/0) for it")
     return v
@@ -85,7 +85,7 @@ def check_sparse(indices, values, dim: int | None, field: str = "indices") -> tu
             raise SparseIndexError(field, "indices must be sorted in increasing order")
     if not np.isfinite(val).all():
         bad = int(np.flatnonzero(~np.isfinite(val))[0])
-        raise NonFiniteError("values", f"value at position {bad} is {val[bad]!r}; values must be finite")
+        raise NonFiniteError("values", f"value at position {bad} is {float(val[bad])}; values must be finite")
     if not val.any():
         raise ZeroVectorError("values", "all-zero vector: GMM is undefined (0/0) for it")
     return idx, val

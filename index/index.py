@@ -362,6 +362,31 @@ class Index:
         """Nearest neighbours of a vector or of a stored id (which is then left out)."""
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
+        opts = self._check_options(k, mode, min_similarity, candidates, bands)
+        exclude = -1
+        if id is not None:
+            exclude = self._iid(id)
+            q = self._stored_query(id)
+        else:
+            q = self._query_vector(vector)
+        qh = self._hashable(q if sp.issparse(q) else q[None, :])
+        codes = self._codes(qh) if mode == "lsh" else None
+        return self._answer(q, qh, codes, exclude, *opts)
+
+    def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
+                    candidates: int | None = None, bands: int | None = None) -> list[QueryResult]:
+        """One query per row of ``X`` (dense 2-D or CSR); the batch is hashed in one kernel call."""
+        opts = self._check_options(k, mode, min_similarity, candidates, bands)
+        Q = self._as_stored(X, "vectors")
+        Qh = self._hashable(Q)
+        codes = self._codes(Qh) if mode == "lsh" else None
+        return [
+            self._answer(Q[i] if sp.issparse(Q) else Q[i], Qh[i] if sp.issparse(Qh) else Qh[i : i + 1],
+                         None if codes is None else codes[i : i + 1], -1, *opts)
+            for i in range(Q.shape[0])
+        ]
+
+    def _check_options(self, k, mode, min_similarity, candidates, bands):
         k = self._check_k(k)
         if mode not in MODES:
             raise VectorError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -372,29 +397,17 @@ class Index:
             raise VectorError("candidates", f"must be ≥ 1, got {budget}")
         if bands is not None and not 1 <= bands <= self.config.bands:
             raise VectorError("bands", f"must be between 1 and {self.config.bands}, got {bands}")
-        exclude = -1
-        if id is not None:
-            exclude = self._iid(id)
-            q = self._stored_query(id)
-        else:
-            q = self._query_vector(vector)
-        qh = self._hashable(q if sp.issparse(q) else q[None, :])
+        return k, mode, min_similarity, budget, bands
+
+    def _answer(self, q, qh, codes, exclude, k, mode, min_similarity, budget, bands) -> QueryResult:
         q64 = qh if sp.issparse(qh) else qh[0]
         if mode == "lsh":
-            iids, sims = self._lsh(q64, qh, exclude, budget, bands)
+            iids, sims = self._lsh(q64, codes, exclude, budget, bands)
         elif mode == "exact":
             iids, sims = self._exact(q64, exclude)
         else:
             iids, sims = self._nrff(q, exclude, budget)
         return self._result(mode, k, iids, sims, min_similarity)
-
-    def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
-                    candidates: int | None = None, bands: int | None = None) -> list[QueryResult]:
-        """One query per row of ``X`` (dense 2-D or CSR)."""
-        n = X.shape[0]
-        return [self.query(X[i] if sp.issparse(X) else np.asarray(X[i]), k=k, mode=mode,
-                           min_similarity=min_similarity, candidates=candidates, bands=bands)
-                for i in range(n)]
 
     @staticmethod
     def _check_k(k) -> int:
@@ -419,13 +432,12 @@ class Index:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
         return _count_hits(members, self._counts(int(members.max()) + 1))
 
-    def _lsh(self, q64, qh, exclude: int, budget: int, bands: int | None):
+    def _lsh(self, q64, codes: np.ndarray, exclude: int, budget: int, bands: int | None):
         """Bucket candidates → best ``budget`` by full-sketch agreement → exact GMM.
 
         Agreement over all k samples (on 2-bit codes, see :mod:`core.agreement`)
         is a far sharper ranking than the count of whole bands hit.
         """
-        codes = self._codes(qh)
         iids, _ = self.candidates(codes, bands)
         if exclude >= 0:
             iids = iids[iids != exclude]
@@ -526,6 +538,20 @@ class Index:
         return QueryResult(mode=mode, k=k, candidates=scored, neighbors=neighbors)
 
     # --- housekeeping ---------------------------------------------------------------
+    def sketch_stored(self, blobs: list[bytes]) -> np.ndarray:
+        """Packed sketches of stored vector blobs: exactly what an upsert stored for them."""
+        if self.config.storage == "dense":
+            X, _ = codec.decode_dense(blobs, self.config.dim)
+        else:
+            X, _ = codec.decode_sparse(blobs, self.config.dim)
+        return gcws.pack_codes(self._codes(self._hashable(X)), self.config.bits)
+
+    def check(self):
+        """Full integrity check (see :mod:`index.check`); returns a report with ``.ok``."""
+        from index.check import check_index
+
+        return check_index(self)
+
     def stats(self) -> dict:
         return {
             "count": self.count(),

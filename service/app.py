@@ -1,0 +1,190 @@
+"""The FastAPI application factory.
+
+``create_app(settings)`` builds an app; nothing is opened at import time. The
+index is opened in the lifespan, i.e. once in *each* uvicorn worker process after
+it starts (an LMDB environment or a Redis connection pool must never cross a
+fork), and closed when the worker stops. Run it with
+``uvicorn --factory service.app:create_app`` or ``gmmlsh serve``
+(:func:`service.server.serve`); both read ``GMMLSH_*`` environment variables.
+
+Multi-worker LMDB: every worker opens the same environment directory; LMDB's
+lock file coordinates them (one writer at a time across processes, readers never
+blocked), and a write committed by one worker is visible to the next read
+transaction of every other. Reader slots are sized for workers × threads
+(``Settings.max_readers``) and the store clears slots left by killed workers
+when it opens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
+import numpy as np
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.cors import CORSMiddleware
+
+from index.config import IndexConfig
+from index.index import Index
+from service.errors import ORJSONResponse, install_handlers
+from service.limits import BodyLimitMiddleware
+from service.metrics import Metrics, MetricsMiddleware
+from service.routes import api, public
+from service.schemas import request_schemas
+from service.settings import Settings
+
+log = logging.getLogger("gmmlsh.service")
+
+DESCRIPTION = """\
+Near-neighbour search for the generalized min-max (GMM) similarity: GCWS sketches,
+LSH buckets in LMDB or Redis, exact GMM rerank.
+
+Every error answers `{"error": {"status", "code", "field", "message"}}`; bad input
+is 422 and changes nothing. When the server has an API key, send it as `X-API-Key`.
+"""
+
+
+class IndexNotFound(RuntimeError):
+    """No index at the location and no ``dim`` to create one."""
+
+
+def _creation_config(settings: Settings) -> IndexConfig:
+    assert settings.dim is not None
+    return IndexConfig(
+        dim=settings.dim, bands=settings.bands, rows=settings.rows, bits=settings.bits,
+        seed=settings.seed, t_bits=settings.t_bits, nrff_k=settings.nrff_k,
+        gamma=settings.gamma, storage=settings.storage,
+    )
+
+
+def store_options(settings: Settings) -> dict:
+    """Options for ``Index.open``: the cache size, and the backend's (LMDB reader slots)."""
+    opts: dict = {}
+    if settings.cache_bytes is not None:
+        opts["cache_bytes"] = settings.cache_bytes
+    if settings.backend == "lmdb":
+        opts["max_readers"] = settings.max_readers
+    return opts
+
+
+def open_index(settings: Settings) -> Index:
+    """Open the existing index; create it from the creation settings only if there is none.
+
+    An existing index keeps its stored parameters even when ``dim`` etc. are set
+    (so restarting a compose stack with GMMLSH_DIM in its environment is harmless).
+    """
+    opts = store_options(settings)
+    try:
+        return Index.open(settings.location, None, prefix=settings.prefix, create=False, **opts)
+    except Exception as exc:  # noqa: BLE001 - narrowed below
+        if not _is_missing(exc):
+            raise
+    if settings.dim is None:
+        where = (f"Redis {settings.redis_url} (prefix {settings.prefix!r})" if settings.redis_url
+                 else f"directory {settings.index!r}")
+        raise IndexNotFound(
+            f"no gmmlsh index in {where}: build one with `gmmlsh build`, or set GMMLSH_DIM "
+            "(and optionally GMMLSH_BANDS, GMMLSH_ROWS, GMMLSH_BITS, ...) to create an empty one"
+        )
+    return Index.open(settings.location, _creation_config(settings), prefix=settings.prefix,
+                      create=True, **opts)
+
+
+def _is_missing(exc: Exception) -> bool:
+    """Whether ``Index.open(create=False)`` failed because there is no index yet."""
+    from index.store import ConfigConflict, StoreUnavailable
+
+    if isinstance(exc, (ConfigConflict, StoreUnavailable)):
+        return False
+    return isinstance(exc, (FileNotFoundError, LookupError, ValueError))
+
+
+def _warm_up(index: Index) -> None:
+    """Compile the query path's numba kernels now, not on the first user's request."""
+    try:
+        index.query(np.ones(index.config.dim), k=1, mode="lsh")
+    except Exception as exc:  # noqa: BLE001 - a failed warm-up must not stop the server
+        log.warning("query warm-up failed: %s", exc)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app. ``settings=None`` reads them from the environment (``GMMLSH_*``)."""
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Index calls run in anyio's worker threads; their number bounds concurrent
+        # LMDB read transactions, hence Settings.max_readers.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
+        try:
+            index = await run_in_threadpool(open_index, settings)
+        except Exception as exc:
+            log.error("cannot open the index at %s: %s", settings.location, exc)
+            raise
+        log.info("index open: %s, %d vectors, dim %d", settings.location,
+                 await run_in_threadpool(index.count), index.config.dim)
+        await run_in_threadpool(_warm_up, index)
+        app.state.index = index
+        metrics.bind_index(index.count)
+        try:
+            yield
+        finally:
+            metrics.bind_index(None)
+            app.state.index = None
+            await run_in_threadpool(index.close)
+
+    app = FastAPI(
+        title="gmmlsh",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        default_response_class=ORJSONResponse,
+        debug=False,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.index = None
+    install_handlers(app)
+    app.include_router(public)
+    app.include_router(api)
+
+    # Added innermost first: metrics (outermost) also count 413s and CORS preflights.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Content-Type", "X-API-Key", "Authorization"],
+        )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+    _add_body_schemas(app)
+    return app
+
+
+def _add_body_schemas(app: FastAPI) -> None:
+    """Routes parse their bodies themselves (off the event loop), so FastAPI does not
+    see the request models; add their schemas to the OpenAPI components."""
+    base = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = base()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gmmlsh")
+    except Exception:  # noqa: BLE001
+        return "0.0.0"

@@ -1,0 +1,56 @@
+"""FastAPI dependencies: the per-process index and settings, and the API-key check."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request, Security
+from fastapi.security import APIKeyHeader
+
+from index.index import Index
+from service.errors import ApiError
+from service.metrics import Metrics
+from service.settings import Settings
+
+API_KEY_HEADER = "X-API-Key"
+_api_key_scheme = APIKeyHeader(
+    name=API_KEY_HEADER, auto_error=False,
+    description="Required only when the server runs with GMMLSH_API_KEY set. "
+    "`Authorization: Bearer <key>` is accepted too (for Prometheus scrapers).",
+)
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_index(request: Request) -> Index:
+    index = getattr(request.app.state, "index", None)
+    if index is None:  # only if a request slips in before the lifespan ran
+        raise ApiError(503, "the index is not open yet")
+    return index
+
+
+async def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+async def require_api_key(request: Request, key: str | None = Security(_api_key_scheme)) -> None:
+    """401 unless the configured key is presented; a no-op when no key is configured.
+
+    ``hmac.compare_digest`` keeps the comparison time independent of where the
+    strings differ, so the key cannot be guessed byte by byte from timings.
+    """
+    expected = request.app.state.settings.api_key
+    if expected is None:
+        return
+    if key is None:
+        auth = request.headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            key = auth[7:].strip()
+    ok = key is not None and hmac.compare_digest(
+        key.encode("utf-8"), expected.get_secret_value().encode("utf-8")
+    )
+    if not ok:
+        raise ApiError(401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)",
+                       field=API_KEY_HEADER, headers={"WWW-Authenticate": "ApiKey"})

@@ -1,0 +1,134 @@
+"""Prometheus metrics: requests, latency, candidates per query, index size.
+
+Each app owns its metric objects and registry (several apps in one process, as in
+tests, must not collide in prometheus-client's global registry).
+
+With several uvicorn workers each process counts only its own requests, so a
+scrape answered by one worker would show a fraction of the traffic. When
+``PROMETHEUS_MULTIPROC_DIR`` is set (``gmmlsh serve --workers N`` sets it to a
+fresh temporary directory when it is not set already), prometheus-client keeps
+the values in shared files and ``/metrics`` aggregates every worker's. The
+index size is read live from the store at scrape time: every worker sees the
+same LMDB environment or Redis, so any worker's answer is the whole index's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CANDIDATE_BUCKETS = (0, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class _IndexCollector(Collector):
+    """``gmmlsh_index_vectors`` / ``gmmlsh_store_up`` computed at scrape time."""
+
+    def __init__(self, count: Callable[[], int]):
+        self._count = count
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("gmmlsh_store_up", "1 if the index store answered this scrape")
+        try:
+            n = self._count()
+        except Exception:  # a scrape must still succeed while the store is down
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield GaugeMetricFamily("gmmlsh_index_vectors", "vectors stored in the index", value=n)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.multiprocess = multiprocess_dir() is not None
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "gmmlsh_http_requests", "HTTP requests answered",
+            ["method", "route", "status"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gmmlsh_http_request_duration_seconds", "time to answer an HTTP request",
+            ["method", "route"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.candidates = Histogram(
+            "gmmlsh_query_candidates", "vectors scored exactly per query",
+            ["mode"], buckets=CANDIDATE_BUCKETS, registry=self.registry,
+        )
+        self.upserted = Counter(
+            "gmmlsh_vectors_upserted", "vectors written through the API", registry=self.registry,
+        )
+        self.deleted = Counter(
+            "gmmlsh_vectors_deleted", "vectors deleted through the API", registry=self.registry,
+        )
+        self._count: Callable[[], int] | None = None
+        if not self.multiprocess:
+            self.registry.register(_IndexCollector(self._live_count))
+
+    def bind_index(self, count: Callable[[], int] | None) -> None:
+        self._count = count
+
+    def _live_count(self) -> int:
+        if self._count is None:
+            raise RuntimeError("no index open")
+        return self._count()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text (blocking: reads the store and, if shared, the files)."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            registry.register(_IndexCollector(self._live_count))
+        else:
+            registry = self.registry
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class MetricsMiddleware:
+    """Counts and times every request by route *template* (``/vectors/{id}``, not the id:
+    label values must stay few)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path_format", None) or getattr(route, "path", None) or "<unmatched>"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, path, str(status)).inc()
+            self.metrics.latency.labels(method, path).observe(time.perf_counter() - start)

@@ -1,0 +1,187 @@
+"""Request and response bodies of the REST API (pydantic v2).
+
+Request bodies are parsed by :data:`UPSERT_BODY` / :data:`SEARCH_BODY`
+(``TypeAdapter.validate_json``: one pass from bytes, in a worker thread, so a
+64 MiB batch never blocks the event loop). Shape checks live here; the vector
+checks that need the index (dimension, finiteness, zero vectors, sparse index
+order) are :mod:`core.validate`'s, applied in :mod:`service.app`, so the API and
+the index refuse bad vectors with the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+
+Mode = Literal["lsh", "exact", "nrff"]
+#: Largest id, in bytes of UTF-8 (the index's limit).
+MAX_ID_BYTES = 512
+
+
+def _id_bytes(v: str) -> str:
+    if len(v.encode("utf-8")) > MAX_ID_BYTES:
+        raise ValueError(f"ids are at most {MAX_ID_BYTES} bytes of UTF-8")
+    return v
+
+
+Id = Annotated[str, Field(min_length=1, description="external id (1 to 512 bytes of UTF-8)"),
+               AfterValidator(_id_bytes)]
+
+#: Tags of the tagged unions below; they appear in pydantic error locations and
+#: are stripped from the ``field`` reported to clients.
+UNION_TAGS = frozenset({"single", "batch"})
+
+
+class _Strict(BaseModel):
+    """Unknown fields are errors: a misspelt ``indicies`` must not silently mean dense."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- vectors -----------------------------------------------------------------------
+
+
+class VectorIn(_Strict):
+    """One vector: dense (``values`` only) or sparse (``indices`` + ``values``)."""
+
+    id: Id
+    values: list[float] = Field(description="dense values, or the nonzero values if sparse")
+    indices: list[int] | None = Field(
+        None, description="sparse: strictly increasing positions in [0, dim), one per value"
+    )
+    metadata: dict[str, Any] | None = Field(None, description="any JSON object, returned with hits")
+
+
+class VectorBatch(_Strict):
+    vectors: list[VectorIn] = Field(min_length=1, description="upserted in one atomic batch")
+
+
+def _pick(key: str):
+    def disc(v: Any) -> str:
+        return "batch" if (isinstance(v, dict) and key in v) or hasattr(v, key) else "single"
+
+    return disc
+
+
+UpsertBody = Annotated[
+    Annotated[VectorBatch, Tag("batch")] | Annotated[VectorIn, Tag("single")],
+    Discriminator(_pick("vectors")),
+]
+UPSERT_BODY: TypeAdapter = TypeAdapter(UpsertBody)
+
+
+class UpsertResponse(BaseModel):
+    upserted: int = Field(description="vectors written (an id given twice counts once per mention)")
+    count: int = Field(description="vectors in the index after the write")
+
+
+class VectorOut(BaseModel):
+    id: str
+    values: list[float]
+    indices: list[int] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class DeleteResponse(BaseModel):
+    deleted: int
+    count: int
+
+
+# --- queries ------------------------------------------------------------------------
+
+
+class QueryParams(_Strict):
+    """Knobs shared by every query; in a batch, per-query values override the batch's."""
+
+    k: int | None = Field(None, ge=1, description="neighbours (default: default_k)")
+    mode: Mode | None = Field(None, description="lsh (default), exact (brute force) or nrff")
+    min_similarity: float | None = Field(None, ge=0.0, le=1.0)
+    candidates: int | None = Field(None, ge=1, description="rerank budget (lsh mode)")
+    bands: int | None = Field(None, ge=1, description="bands probed (lsh mode; default all)")
+
+
+class SearchQuery(QueryParams):
+    """Exactly one of: ``id`` (a stored vector), ``vector`` (dense), ``indices`` + ``values``."""
+
+    id: Id | None = None
+    vector: list[float] | None = None
+    indices: list[int] | None = None
+    values: list[float] | None = None
+
+
+class SearchBatch(QueryParams):
+    queries: list[SearchQuery] = Field(min_length=1)
+
+
+SearchBody = Annotated[
+    Annotated[SearchBatch, Tag("batch")] | Annotated[SearchQuery, Tag("single")],
+    Discriminator(_pick("queries")),
+]
+SEARCH_BODY: TypeAdapter = TypeAdapter(SearchBody)
+
+
+class NeighborOut(BaseModel):
+    id: str
+    similarity: float = Field(description="exact similarity under the mode's kernel")
+    metadata: dict[str, Any] | None = None
+
+
+class NeighborsResponse(BaseModel):
+    mode: Mode
+    k: int
+    candidates: int = Field(description="vectors scored exactly for this query")
+    neighbors: list[NeighborOut]
+
+
+class SearchBatchResponse(BaseModel):
+    results: list[NeighborsResponse]
+
+
+# --- housekeeping -----------------------------------------------------------------
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"]
+    backend: str
+
+
+class StatsResponse(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    count: int
+    backend: str
+    config: dict[str, Any]
+
+
+# --- errors -------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    field: str | None = Field(None, description="the offending field, e.g. vectors[3].values")
+    message: str
+    type: str | None = None
+
+
+class ErrorBody(BaseModel):
+    status: int
+    code: str = Field(description="machine-readable: invalid_request, not_found, unavailable, ...")
+    field: str | None = Field(None, description="the first offending field, if any")
+    message: str
+    details: list[ErrorDetail] | None = Field(None, description="every problem found (422 only)")
+
+
+class ErrorResponse(BaseModel):
+    """The one error shape of every 4xx/5xx answer."""
+
+    error: ErrorBody
+
+
+def request_schemas() -> dict[str, dict]:
+    """JSON schemas of the request bodies, for the OpenAPI document's components."""
+    out: dict[str, dict] = {}
+    for name, adapter in (("UpsertRequest", UPSERT_BODY), ("SearchRequest", SEARCH_BODY)):
+        schema = adapter.json_schema(ref_template="#/components/schemas/{model}")
+        out.update(schema.pop("$defs", {}))
+        out[name] = schema
+    return out

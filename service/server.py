@@ -1,0 +1,90 @@
+"""Run the API under uvicorn: what ``gmmlsh serve`` calls.
+
+Usage (from the CLI or any script)::
+
+    from service.server import serve
+    from service.settings import Settings
+    serve(Settings(index="./idx"), host="0.0.0.0", port=8000, workers=4)
+
+uvicorn spawns its workers as fresh processes that import the app from a string
+(``service.app:create_app``, ``factory=True``); a Python object cannot follow
+them. So the settings travel as ``GMMLSH_*`` environment variables
+(:meth:`Settings.to_env`), and each worker rebuilds them with ``Settings()`` and
+opens its own index in the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from service.settings import Settings
+
+APP = "service.app:create_app"
+
+
+def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None,
+          workers: int | None = None) -> None:
+    """Serve until interrupted. ``host``/``port``/``workers`` override ``settings``'s.
+
+    Blocks; returns after a clean shutdown (Ctrl-C / SIGTERM). The index must exist,
+    or ``settings.dim`` must be set to create it (otherwise startup fails with a
+    message saying so).
+    """
+    import uvicorn
+
+    settings = settings or Settings()
+    overrides = {k: v for k, v in (("host", host), ("port", port), ("workers", workers))
+                 if v is not None}
+    if overrides:
+        settings = settings.model_copy(update=overrides)
+
+    # The workers' environment is exactly these settings: drop any GMMLSH_* left in
+    # ours for a field that is unset here (e.g. GMMLSH_REDIS_URL when --index is given).
+    for name in Settings.model_fields:
+        os.environ.pop(f"GMMLSH_{name.upper()}", None)
+    os.environ.update(settings.to_env())
+
+    # Several workers: share Prometheus values through files so /metrics shows the
+    # whole server, whichever worker answers the scrape.
+    own_metrics_dir = None
+    if settings.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        own_metrics_dir = tempfile.mkdtemp(prefix="gmmlsh-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_metrics_dir
+    try:
+        uvicorn.run(
+            APP,
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=settings.workers,
+            log_level=settings.log_level,
+            log_config=log_config(settings.log_level),
+            access_log=settings.access_log,
+            timeout_graceful_shutdown=10,
+        )
+    finally:
+        if own_metrics_dir is not None:
+            shutil.rmtree(own_metrics_dir, ignore_errors=True)
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
+def log_config(level: str) -> dict:
+    """uvicorn's logging setup plus the ``gmmlsh`` loggers (startup facts, store errors)."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["loggers"]["gmmlsh"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return cfg
+
+
+def main() -> None:
+    """``python -m service.server``: serve with settings from the environment only."""
+    serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Service settings, read from ``GMMLSH_*`` environment variables (pydantic-settings).
+
+Environment variables are the one channel that reaches every uvicorn worker
+process (workers are spawned, not forked, and rebuild the app from the import
+string), so everything the app needs is a field here; :func:`Settings.to_env`
+turns a settings object back into that environment for :mod:`service.server`.
+
+Index *creation* parameters (``dim``, ``bands``, ``rows``, ...) are used only when
+the index does not exist yet. An existing index always keeps its stored
+parameters, so serving an index built by ``gmmlsh build`` needs none of them.
+A new index needs ``dim``: without it the server refuses to start and says so
+(an index whose dimension is guessed from the first insert is a trap: one stray
+short vector would fix it for good).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+#: Settings that only matter for creating a new index.
+CREATION_FIELDS = ("dim", "bands", "rows", "bits", "seed", "t_bits", "nrff_k", "gamma", "storage")
+
+
+class Settings(BaseSettings):
+    """Everything the server needs; each field ``x`` is also env var ``GMMLSH_X``."""
+
+    model_config = SettingsConfigDict(env_prefix="GMMLSH_", extra="ignore")
+
+    # --- where the index lives ---------------------------------------------------
+    index: str = Field("./gmmlsh-index", description="LMDB directory (when no redis_url)")
+    redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
+    prefix: str = Field("gmmlsh", description="key prefix naming the index inside Redis")
+
+    # --- creation parameters (new index only) ------------------------------------
+    dim: int | None = Field(None, ge=1, description="dimension; required to create a new index")
+    bands: int = Field(64, ge=1)
+    rows: int = Field(4, ge=1)
+    bits: int = Field(8, ge=1, le=16)
+    seed: int = 0
+    t_bits: int = Field(0, ge=0, le=16)
+    nrff_k: int = Field(0, ge=0, description="NRFF features per vector (0: no nrff mode)")
+    gamma: float = Field(1.0, gt=0)
+    storage: Literal["dense", "sparse"] = "dense"
+
+    # --- request limits -----------------------------------------------------------
+    max_body_bytes: int = Field(64 * MiB, ge=1024, description="larger bodies get 413")
+    max_batch: int = Field(10_000, ge=1, description="vectors or queries per request")
+    max_k: int = Field(1000, ge=1)
+    default_k: int = Field(10, ge=1)
+    max_candidates: int = Field(1_000_000, ge=1, description="cap on the rerank budget")
+
+    # --- security -----------------------------------------------------------------
+    api_key: SecretStr | None = Field(None, description="when set, required in X-API-Key")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="allowed CORS origins; empty: CORS off"
+    )
+
+    # --- server ---------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1)
+    threads: int = Field(8, ge=1, description="threads per worker process running index calls")
+    cache_bytes: int | None = Field(
+        None, ge=0, description="per-process vector cache for the rerank (default: the index's, 1 GiB)"
+    )
+    log_level: str = "info"
+    access_log: bool = Field(True, description="one log line per request (GET vectors make long lines)")
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, v: object) -> object:
+        """Accept a JSON list or a comma-separated string (friendlier in compose files)."""
+        if isinstance(v, str):
+            s = v.strip()
+            if s.startswith("["):
+                return json.loads(s)
+            return [o.strip() for o in s.split(",") if o.strip()]
+        return v
+
+    @field_validator("redis_url", "api_key", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object) -> object:
+        """``GMMLSH_REDIS_URL=`` (empty, as compose files often leave it) means unset."""
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @property
+    def location(self) -> str:
+        """What :meth:`Index.open` gets: the Redis URL if any, else the LMDB directory."""
+        return self.redis_url or self.index
+
+    @property
+    def backend(self) -> str:
+        return "redis" if self.redis_url else "lmdb"
+
+    @property
+    def max_readers(self) -> int:
+        """LMDB reader slots: every thread of every worker may hold a read txn, plus
+        the event loop, plus headroom for CLI processes (``gmmlsh info/query``)."""
+        return max(1024, self.workers * (self.threads + 4) + 64)
+
+    def to_env(self) -> dict[str, str]:
+        """The ``GMMLSH_*`` variables that rebuild these settings in another process."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, list):
+                value = json.dumps(value)
+            env[f"GMMLSH_{name.upper()}"] = str(value)
+        return env

@@ -1,0 +1,215 @@
+"""Dockerfile and docker-compose.yml, checked without Docker (it cannot run here).
+
+The compose file is parsed and its services, ports, health checks, volumes and
+commands are checked against each other, against the Dockerfile, against the
+settings the app reads (``GMMLSH_*``) and against the ``gmmlsh serve`` command
+line itself (every flag a compose command passes must be one the CLI accepts).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from service.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+README = REPO / "README.md"
+
+SERVE_FLAGS_WITH_VALUE = {"--index", "--redis", "--prefix", "--host", "--port", "--workers"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def _options(command: list[str]) -> dict[str, str]:
+    """``["gmmlsh", "serve", "--port", "8000", ...]`` → ``{"--port": "8000", ...}``."""
+    assert command[:2] == ["gmmlsh", "serve"], command
+    opts, rest = {}, command[2:]
+    i = 0
+    while i < len(rest):
+        flag = rest[i]
+        assert flag.startswith("--"), f"unexpected positional {flag!r} in {command}"
+        if "=" in flag:
+            k, v = flag.split("=", 1)
+            opts[k] = v
+            i += 1
+        else:
+            assert flag in SERVE_FLAGS_WITH_VALUE, flag
+            opts[flag] = rest[i + 1]
+            i += 2
+    return opts
+
+
+def _expand(value: str) -> str:
+    """Compose's ``${VAR:-default}`` → the default (what a bare ``docker compose up`` uses)."""
+    return re.sub(r"\$\{[A-Z0-9_]+:?-([^}]*)\}", r"\1", value)
+
+
+def _api_services(compose: dict) -> dict[str, dict]:
+    return {name: s for name, s in compose["services"].items()
+            if s.get("command", [None])[:2] == ["gmmlsh", "serve"]}
+
+
+def _health_port(test: list[str]) -> int:
+    m = re.search(r"http://(?:127\.0\.0\.1|localhost):(\d+)/health", " ".join(test))
+    assert m, f"health check does not probe /health: {test}"
+    return int(m.group(1))
+
+
+def test_services_present(compose):
+    services = compose["services"]
+    assert {"redis", "api", "api-lmdb"} <= set(services)
+    assert set(_api_services(compose)) == {"api", "api-lmdb"}
+
+
+def test_redis_has_aof_and_health_check(compose):
+    redis = compose["services"]["redis"]
+    cmd = [_expand(c) for c in redis["command"]]
+    assert cmd[0] == "redis-server"
+    assert cmd[cmd.index("--appendonly") + 1] == "yes"
+    assert cmd[cmd.index("--appendfsync") + 1] in ("everysec", "always")
+    assert cmd[cmd.index("--maxmemory-policy") + 1] == "noeviction"  # never evict index keys
+    assert any(v.endswith(":/data") for v in redis["volumes"])  # the AOF survives the container
+    assert "redis-cli" in redis["healthcheck"]["test"] and "ping" in redis["healthcheck"]["test"]
+
+
+def test_redis_api_is_replicated_and_waits_for_redis(compose):
+    api = compose["services"]["api"]
+    assert api["deploy"]["replicas"] >= 2
+    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    opts = _options(api["command"])
+    url = urlparse(opts["--redis"])
+    assert url.scheme == "redis" and url.hostname == "redis" and (url.port or 6379) == 6379
+    assert "--index" not in opts
+    assert not api.get("volumes"), "replicas sharing Redis are stateless"
+    # a host port range: one port per replica (a single fixed host port cannot be shared)
+    host, container = _expand(api["ports"][0]).rsplit(":", 1)
+    lo, _, hi = host.partition("-")
+    assert hi and int(hi) - int(lo) + 1 >= api["deploy"]["replicas"]
+
+
+def test_lmdb_profile_has_one_container_and_a_volume(compose):
+    svc = compose["services"]["api-lmdb"]
+    assert svc["profiles"] == ["lmdb"]
+    assert svc.get("deploy", {}).get("replicas", 1) == 1, "one LMDB volume, one container"
+    opts = _options(svc["command"])
+    assert "--redis" not in opts
+    mounts = {v.split(":", 1)[1]: v.split(":", 1)[0] for v in svc["volumes"]}
+    index_dir = opts["--index"]
+    mount = next((m for m in mounts if index_dir == m or index_dir.startswith(m.rstrip("/") + "/")), None)
+    assert mount is not None, f"--index {index_dir} is not on a volume: {svc['volumes']}"
+    assert mounts[mount] in compose["volumes"], "a named volume (not a bind mount of unknown owner)"
+
+
+@pytest.mark.parametrize("name", ["api", "api-lmdb"])
+def test_ports_and_health_checks_match_the_command(compose, name):
+    svc = compose["services"][name]
+    opts = _options(svc["command"])
+    port = int(opts["--port"])
+    assert opts["--host"] == "0.0.0.0", "reachable from outside the container"
+    assert int(opts.get("--workers", "1")) >= 1
+    for mapping in svc["ports"]:
+        assert int(_expand(mapping).rsplit(":", 1)[1]) == port
+    hc = svc["healthcheck"]
+    assert hc["test"][0] in ("CMD", "CMD-SHELL")
+    assert _health_port(hc["test"]) == port
+    assert "python" in hc["test"][1]  # the slim image has no curl
+    for key in ("interval", "timeout", "retries", "start_period"):
+        assert key in hc
+
+
+def test_environment_names_are_settings(compose):
+    fields = {f"GMMLSH_{name.upper()}" for name in Settings.model_fields}
+    for name, svc in _api_services(compose).items():
+        env = svc.get("environment", {})
+        if isinstance(env, list):
+            env = dict(e.split("=", 1) for e in env)
+        for key in env:
+            assert key in fields, f"{name}: {key} is not a setting the app reads"
+        # the values a bare `docker compose up` uses must be valid settings
+        values = {k[len("GMMLSH_"):].lower(): _expand(str(v)) for k, v in env.items()}
+        Settings(**values)
+
+
+def test_commands_are_accepted_by_the_cli(compose):
+    """Every flag a compose command passes is one `gmmlsh serve --help` lists."""
+    if not (REPO / "service" / "cli.py").exists():
+        pytest.skip("service/cli.py (the gmmlsh command) is not written yet")
+    code = "import sys; from service.cli import main; sys.argv = ['gmmlsh', 'serve', '--help']; main()"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    help_text = r.stdout + r.stderr
+    assert r.returncode == 0, help_text
+    for name, svc in _api_services(compose).items():
+        for flag in _options(svc["command"]):
+            assert re.search(rf"(^|\s|,){re.escape(flag)}\b", help_text), f"{name}: {flag} not in serve --help"
+
+
+def test_dockerfile_slim_non_root_and_serves(dockerfile, compose):
+    froms = [args for ins, args in dockerfile if ins == "FROM"]
+    assert len(froms) >= 1 and re.match(r"python:3\.1[1-9]-slim", froms[-1]), froms
+    users = [args for ins, args in dockerfile if ins == "USER"]
+    assert users and users[-1] not in ("root", "0"), "the server must not run as root"
+    cmd = next(args for ins, args in reversed(dockerfile) if ins == "CMD")
+    argv = yaml.safe_load(cmd) if cmd.startswith("[") else shlex.split(cmd)
+    opts = _options(argv)
+    assert not any(ins == "ENTRYPOINT" for ins, _ in dockerfile), "compose commands start with gmmlsh"
+    exposed = {int(p.split("/")[0]) for ins, args in dockerfile if ins == "EXPOSE" for p in args.split()}
+    assert int(opts["--port"]) in exposed
+    for svc in _api_services(compose).values():
+        assert int(_options(svc["command"])["--port"]) in exposed
+        assert svc["build"] == "."
+    hc = next(args for ins, args in dockerfile if ins == "HEALTHCHECK")
+    assert "/health" in hc and f":{opts['--port']}/" in hc
+    # NUMBA's cache must be writable by the non-root user
+    env = " ".join(args for ins, args in dockerfile if ins == "ENV")
+    assert "NUMBA_CACHE_DIR=" in env
+
+
+def test_dockerfile_installs_as_the_readme_does(dockerfile):
+    runs = [args for ins, args in dockerfile if ins == "RUN"]
+    installs = [r for r in runs if "pip install" in r]
+    assert installs, "the Dockerfile must pip install the package"
+    copied = " ".join(args for ins, args in dockerfile if ins == "COPY")
+    for needed in ("pyproject.toml", "README.md", "core", "index", "service"):
+        assert needed in copied, f"{needed} is not copied into the image"
+    if not README.exists():
+        pytest.skip("README.md is not written yet")
+    readme = README.read_text()
+    readme_installs = {m.strip() for m in re.findall(r"^\s*(?:\$\s*)?(pip install [^\n#]+)", readme, re.M)}
+    assert any(i.strip() in readme_installs for i in installs), (
+        f"the Dockerfile's install ({installs}) is not one of the README's ({sorted(readme_installs)})"
+    )
+
+
+def test_dockerignore_keeps_the_context_small():
+    lines = {ln.strip() for ln in DOCKERIGNORE.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    for must in (".git", ".venv"):
+        assert must in lines
+    for needed in ("core", "index", "service", "pyproject.toml", "README.md"):
+        assert needed not in lines and f"/{needed}" not in lines
