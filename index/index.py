@@ -128,6 +128,20 @@ class _RowCache:
         values[:n], norms[:n], have[:n] = self.values, self.norms, self.have
         self.values, self.norms, self.have = values, norms, have
 
+    def put(self, iids: np.ndarray, blobs: list[bytes]) -> int:
+        """Fill rows for these iids from their blobs (those within the budget); returns how many."""
+        keep = iids < self.max_rows
+        if not keep.any():
+            return 0
+        iids = iids[keep]
+        values, norms = self._decode([b for b, k in zip(blobs, keep, strict=True) if k])
+        with self._lock:
+            if int(iids.max()) >= self.values.shape[0]:
+                self._grow(int(iids.max()) + 1)
+            self.values[iids], self.norms[iids] = values, norms
+            self.have[iids] = True
+        return int(iids.shape[0])
+
     def rows(self, iids: np.ndarray, store: Store):
         """(live iids, values, norms, rows): row ``rows[t]`` of ``values`` belongs to ``live[t]``.
 
@@ -545,6 +559,20 @@ class Index:
         else:
             X, _ = codec.decode_sparse(blobs, self.config.dim)
         return gcws.pack_codes(self._codes(self._hashable(X)), self.config.bits)
+
+    def warm(self, vectors: bool = True) -> int:
+        """Load every stored sketch (and dense vector, within the cache budget) into this process.
+
+        A fresh reader otherwise fetches candidates' sketches on its first
+        queries; the service warms each worker at start. Returns rows loaded.
+        """
+        n = 0
+        for iids, blobs in self.store.scan("sketch"):
+            n += self._sketches.put(iids, blobs)
+        if vectors and self._cache is not None:
+            for iids, blobs in self.store.scan("vector"):
+                self._cache.put(iids, blobs)
+        return n
 
     def check(self):
         """Full integrity check (see :mod:`index.check`); returns a report with ``.ok``."""

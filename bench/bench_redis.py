@@ -1,0 +1,227 @@
+"""Redis vs LMDB on Fashion-MNIST, and datasketch's Redis LSH as the peer, in one run.
+
+    python -m bench.bench_redis [--quick] [--out FILE] [--no-peer]
+
+Starts a throwaway ``redis-server`` on a free loopback port. Reports insert
+vectors/s (batches of 1,000) and queries/s on both backends, Redis memory per
+vector (INFO used_memory) against the raw vector + sketch bytes, and
+datasketch ``MinHashLSH`` (Redis storage, its ``WeightedMinHash`` on the
+sign-split vectors) on a subset: inserts/s, queries/s, deletes/s, memory per
+key and recall@10 of its (unordered) candidate sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+import redis
+
+from bench.bench_index import DATA, recall_at
+from core.gmm import gmm_matrix, l1_norms
+from index.config import IndexConfig
+from index.index import Index
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    r = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def used_memory(url: str) -> int:
+    return int(redis.Redis.from_url(url).info("memory")["used_memory"])
+
+
+def measure(location: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, **opts) -> dict:
+    n = X.shape[0]
+    out = {}
+    numba.set_num_threads(2)
+    with Index.open(location, IndexConfig(dim=784), **opts) as ix:
+        t = time.perf_counter()
+        for lo in range(0, n, 1000):
+            ix.upsert([str(i) for i in range(lo, min(n, lo + 1000))], X[lo : lo + 1000])
+        out["insert"] = n / (time.perf_counter() - t)
+    numba.set_num_threads(1)
+    with Index.open(location, **opts) as ix:  # a fresh reader, like a new replica
+        t = time.perf_counter()
+        cold = [ix.query(q, k=10) for q in Q[:100]]
+        out["cold_qps"] = len(cold) / (time.perf_counter() - t)
+    with Index.open(location, **opts) as ix:
+        t = time.perf_counter()
+        ix.warm()
+        out["warm_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        res = [ix.query(q, k=10) for q in Q]
+        out["qps"] = Q.shape[0] / (time.perf_counter() - t)
+        out["recall"] = recall_at([{int(nb.id) for nb in r.neighbors} for r in res], truth)
+    return out
+
+
+def peer(url: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, k: int = 256) -> dict:
+    from datasketch import MinHashLSH, WeightedMinHashGenerator
+
+    def split(A):  # datasketch drops negatives; split signs ourselves so it sees all of GMM's input
+        return np.hstack([np.maximum(A, 0), np.maximum(-A, 0)]).astype(np.float64)
+
+    gen = WeightedMinHashGenerator(2 * X.shape[1], sample_size=k, seed=1)
+    t = time.perf_counter()
+    hashes = [gen.minhash(v) for v in split(X)]
+    hash_rate = X.shape[0] / (time.perf_counter() - t)
+    before = used_memory(url)
+    lsh = MinHashLSH(
+        threshold=0.5,
+        num_perm=k,
+        storage_config={
+            "type": "redis",
+            "basename": b"dsk",
+            "redis": {"host": "127.0.0.1", "port": int(url.rsplit(":", 1)[1].split("/")[0])},
+        },
+    )
+    t = time.perf_counter()
+    with lsh.insertion_session() as session:
+        for i, h in enumerate(hashes):
+            session.insert(str(i), h)
+    session_rate = X.shape[0] / (time.perf_counter() - t)
+    mem = (used_memory(url) - before) / X.shape[0]
+    keys = redis.Redis.from_url(url).dbsize()
+    qh = [gen.minhash(v) for v in split(Q)]
+    t = time.perf_counter()
+    found = [set(int(c) for c in lsh.query(h)) for h in qh]
+    qps = Q.shape[0] / (time.perf_counter() - t)
+    cands = float(np.mean([len(f) for f in found]))
+    extra = [gen.minhash(v) for v in split(X[:200] + 1)]
+    t = time.perf_counter()
+    for i, h in enumerate(extra):
+        lsh.insert(f"e{i}", h)
+    insert_rate = len(extra) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(len(extra)):
+        lsh.remove(f"e{i}")
+    delete_rate = len(extra) / (time.perf_counter() - t)
+    return {
+        "hash": hash_rate,
+        "insert": insert_rate,
+        "session": session_rate,
+        "qps": qps,
+        "delete": delete_rate,
+        "recall": recall_at(found, truth),
+        "cands": cands,
+        "mem": mem,
+        "keys": keys,
+    }
+
+
+def ours_deletes(url: str, X: np.ndarray, prefix: str) -> float:
+    with Index.open(url, IndexConfig(dim=784), prefix=prefix) as ix:
+        ix.upsert([f"d{i}" for i in range(X.shape[0])], X)
+        t = time.perf_counter()
+        for i in range(X.shape[0]):
+            ix.delete([f"d{i}"])
+        return X.shape[0] / (time.perf_counter() - t)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="10,000 vectors, 200 queries, small peer run")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    n, nq, n_peer = (10_000, 200, 1000) if a.quick else (60_000, 1000, 5000)
+    d = np.load(DATA / "fashion-mnist.npz")
+    X = d["train"][:n].astype(np.float32)
+    Q = d["test"][:nq].astype(np.float32)
+    S = np.vstack([gmm_matrix(Q[i : i + 100], X, None, l1_norms(X)) for i in range(0, nq, 100)])
+    truth = np.argsort(-S, axis=1)[:, :10]
+    work = Path(tempfile.mkdtemp(prefix="gmmlsh-bench-redis-"))
+    proc, url = start_redis(work)
+    lines = [f"Fashion-MNIST, {n:,} vectors, {nq:,} queries (k=10), default parameters; redis-server on loopback.", ""]
+    try:
+        lm = measure(str(work / "lmdb"), X, Q, truth)
+        before = used_memory(url)
+        rd = measure(url, X, Q, truth, prefix="bench")
+        mem = (used_memory(url) - before) / n
+        raw = 784 * 4 + IndexConfig(dim=784).sketch_bytes
+        lines += [
+            "| backend | inserts/s (batches of 1,000) | warm-up (s) | queries/s warm (1 thread) | "
+            "queries/s, first 100 of a fresh reader | recall@10 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, m in (("LMDB", lm), ("Redis", rd)):
+            lines.append(
+                f"| {name} | {m['insert']:,.0f} | {m['warm_s']:.1f} | {m['qps']:,.0f} | {m['cold_qps']:,.0f} | "
+                f"{m['recall']:.4f} |"
+            )
+        lines += [
+            "",
+            f"- Redis queries/s = {rd['qps'] / lm['qps']:.0%} of LMDB's",
+            f"- Redis memory per vector: {mem:,.0f} bytes (raw vector + sketch: {raw:,} bytes; ratio {mem / raw:.2f})",
+        ]
+        if not a.no_peer:
+            Xp, Sp = X[:n_peer], S[:, :n_peer]
+            tp = np.argsort(-Sp, axis=1)[:, :10]
+            redis.Redis.from_url(url).flushall()
+            p = peer(url, Xp, Q[:200], tp[:200])
+            redis.Redis.from_url(url).flushall()
+            ours_del = ours_deletes(url, Xp[:500], "dels")
+            lines += [
+                "",
+                f"Peer: datasketch MinHashLSH (Redis storage, threshold 0.5, WeightedMinHash k=256) on "
+                f"{n_peer:,} vectors, 200 queries:",
+                "",
+                "| | datasketch | gmmlsh (Redis) | ratio |",
+                "|---|---|---|---|",
+                f"| inserts/s (one at a time) | {p['insert']:,.0f} | — | |",
+                f"| inserts/s (datasketch insertion session vs our batches of 1,000) | {p['session']:,.0f} | "
+                f"{rd['insert']:,.0f} | {rd['insert'] / p['session']:.0f}× |",
+                f"| hashing vectors/s | {p['hash']:,.0f} | | |",
+                f"| queries/s | {p['qps']:,.0f} | {rd['qps']:,.0f} | {rd['qps'] / p['qps']:.0f}× |",
+                f"| deletes/s (one at a time) | {p['delete']:,.0f} | {ours_del:,.0f} | {ours_del / p['delete']:.0f}× |",
+                f"| recall@10 | {p['recall']:.3f} (of unordered candidate sets, mean size {p['cands']:,.0f}) | "
+                f"{rd['recall']:.3f} (top 10, reranked) | |",
+                f"| Redis memory | {p['mem']:,.0f} bytes/vector, {p['keys']:,} keys | {mem:,.0f} bytes/vector | |",
+            ]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1234 @@
+"""The Redis backend: one index under one key prefix, shared by many stateless API replicas.
+
+Key layout (``P`` = prefix, ``s`` = id shard, ``t`` = bucket group)
+-------------------------------------------------------------------
+* ``{P}:config`` — index configuration (JSON); ``{P}:layout`` — this store's
+  layout (JSON: shard count, bucket groups, chunk sizes), fixed at first write.
+* Per id shard ``s = crc32(external id) mod S`` (default ``S = 64``), all under
+  the hash tag ``{P:s}`` so that one Lua script can touch them atomically,
+  also on a Redis Cluster:
+
+  - ``{P:s}:ids``  hash  external id → iid (the **commit point**)
+  - ``{P:s}:seq``  counter of iids handed out in this shard
+  - ``{P:s}:n``    number of live vectors in this shard (``count()`` is exact)
+  - ``{P:s}:pend`` hash  external id → write-ahead entries of uncommitted
+    attempts (iid, start time, sketch): what a crashed writer left behind
+  - ``{P:s}:gc``   hash  iid → sketch of dead iids whose bucket entries may
+    still exist (journal of pending bucket clean-up)
+  - ``{P:s}:<f>:<c>`` hash  ``seq mod C`` → blob, for field ``f`` in
+    ``v`` (vector), ``k`` (sketch), ``f`` (nrff), ``m`` (meta), ``x`` (external
+    id); chunk ``c = seq // C``. Blobs live in hashes rather than one key per
+    vector: a key costs ~70 bytes of overhead, a hash field ~40 (and small
+    hashes stay listpack-encoded, ~10 bytes a field).
+
+  An iid is ``seq · S + s``: it names its shard, iids stay dense
+  (``iid_bound() ≈ count``), and every iid is handed out once (never reused),
+  so a record under an iid is immutable and readers may cache it.
+* Buckets: hash ``P:b:<t>`` (bucket group ``t = fnv1a64(band key) mod G``,
+  default ``G = 4096``), field = band key, value = the bucket's iids as packed
+  little-endian uint32. Why:
+
+  - a key costs ~90 bytes of overhead, a hash field ~15 (listpack-encoded
+    small hash) to ~60 (hashtable): LSH makes tens of distinct buckets per
+    vector on unclustered data, so one key per bucket alone would cost
+    ~3 KB/vector (measured, 64 bands);
+  - packed strings, not sets: 4 bytes per entry with no encoding cliff (a set
+    goes from intset to hashtable at 512 members, ~50 bytes per member), and a
+    query decodes every bucket it reads with one ``np.frombuffer``;
+  - a group is one key, so one script call updates all of a batch's buckets
+    in that group atomically, on a Cluster too; the groups spread over slots.
+    ``G`` is fixed when the index is created; for indexes far beyond a million
+    vectors a larger ``bucket_groups`` keeps the group hashes smaller.
+
+Write protocol (upsert): 3 round trips for new ids, 5 when records get replaced
+-------------------------------------------------------------------------------
+(per chunk of ``write_chunk`` records, whatever the number of shards or buckets)
+
+1. *begin* (one script per shard): allocate iids (``INCRBY``), journal each
+   record in ``pend`` (iid + sketch), return the current iid of each id and
+   some ``gc`` entries left by earlier writers.
+2. add the new bucket entries (and remove those of the ``gc`` entries).
+3. *commit* (one script per shard, atomic): write all blobs of the record,
+   point ``ids`` at the new iid, move the old iid to ``gc`` and delete its
+   blobs, cancel other attempts journaled for the same id (a crashed writer's),
+   clear the ``gc`` entries cleaned in step 2.
+4. remove the bucket entries of the iids that died in step 3; 5. clear their
+   ``gc`` entries.
+
+So a reader sees a vector only once all its blobs *and* all its bucket entries
+exist; before the commit or after a replacement a bucket may name an iid whose
+record is gone, and :meth:`fetch` / :meth:`external_ids` return None for it
+(the index skips those). After a crash anywhere, what is left over is journaled
+(``pend``, ``gc``) and cleaned by the next write that touches the shard —
+retrying the batch completes it with exact counts and no stale bucket entries —
+or by :meth:`RedisStore.collect_garbage`. Every write is safe to replay (redis-py
+resends a pipeline after a dropped connection): a replayed begin only wastes
+iids, bucket additions skip iids already present, a replayed commit sees itself
+already applied (only a replayed delete may under-count what it removed).
+Two writers replacing the *same* id at once: the first commit cancels the other
+attempt, whose record is dropped — linearised just before the winner, which is
+legitimate since the two calls overlapped. A delete (lookup, delete script,
+bucket clean-up: 4 round trips) works the same way, with the id map as commit
+point.
+
+Durability: the scripts are replicated as ``MULTI/EXEC`` blocks, so the AOF
+never holds half a script. With ``appendfsync always`` an acknowledged write
+survives a crash; with ``everysec`` (Redis' default) the last second may be lost
+— on a single server the AOF is a prefix, so what survives is still consistent;
+on a Cluster each master loses its own suffix, so use ``always`` there if a
+crash must not leave a vector without some of its bucket entries.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import threading
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import numpy as np
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.retry import Retry
+
+from index.store import (
+    FIELDS,
+    BandKeysFn,
+    RecordBatch,
+    StoreError,
+    StoreUnavailable,
+)
+
+__all__ = ["RedisStore"]
+
+LAYOUT_VERSION = 1
+_IID_LIMIT = 1 << 32
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+#: Chunk sizes: big blobs in hashes of 1024 fields; small ones (external id,
+#: metadata) in hashes of 128 so they stay listpack-encoded (Redis' default
+#: ``hash-max-listpack-entries``).
+_CHUNK_BIG = 1024
+_CHUNK_SMALL = 128
+_FAMILY = {"vector": "v", "sketch": "k", "nrff": "f", "meta": "m"}
+_ALL_FAMILIES = ("v", "k", "f", "m", "x")
+#: Bucket keys per script call (bounds the time one call blocks the server).
+_GROUP_CALL_KEYS = 512
+#: Records per internal write chunk (bounds memory and script run time).
+_WRITE_CHUNK = 2048
+#: gc entries a *begin* hands back per shard for clean-up.
+_GC_PER_BEGIN = 256
+_U4 = np.dtype("<u4")
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,  # includes BusyLoadingError, AuthenticationError
+    redis.exceptions.TimeoutError,
+    ClusterDownError,  # includes MasterDownError
+    TryAgainError,
+    RedisClusterException,  # cannot reach any node, slot not covered
+    OSError,
+)
+#: Error replies that mean "not now" rather than "never": the service answers 503.
+_TRANSIENT_REPLIES = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "OOM", "TRYAGAIN",
+                      "CLUSTERDOWN", "NOREPLICAS")
+
+
+class _Transient(RedisError):
+    """An error reply of :data:`_TRANSIENT_REPLIES` (server busy, loading, full, failing over)."""
+
+
+_UNAVAILABLE = (*_UNAVAILABLE, _Transient)
+
+# --- Lua ---------------------------------------------------------------------------------
+# Lua numbers are doubles: iids (< 2^32) are exact, and ``tostring`` of an
+# integral double prints it without a decimal point (the Python side builds the
+# same key names). ``struct`` and ``TIME`` are available to Redis ≥ 5 scripts.
+
+_LUA_HELPERS = """
+local S, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local function loc(iid, fam)
+  local seq = math.floor(iid / S)
+  local c = CB
+  if fam == 'x' or fam == 'm' then c = CS end
+  return TAG .. fam .. ':' .. tostring(math.floor(seq / c)), tostring(seq % c)
+end
+local dead = {}
+local function bury(iid, sk)          -- journal a dead iid for bucket clean-up
+  redis.call('HSET', KEYS[3], iid, sk)
+  dead[#dead + 1] = iid
+  dead[#dead + 1] = sk
+end
+local function kill(iid)              -- a committed record dies: blobs go, sketch to gc
+  local kk, kf = loc(iid, 'k')
+  local sk = redis.call('HGET', kk, kf)
+  if sk then bury(iid, sk) end
+  for _, fam in ipairs({'v', 'k', 'f', 'm', 'x'}) do
+    local k, f = loc(iid, fam)
+    redis.call('HDEL', k, f)
+  end
+end
+-- A journal value is a run of entries: <I4 iid, <I4 start time (s), <I2 n, n sketch bytes.
+local function attempts(p)            -- {iid, time, sketch, iid, time, sketch, ...}
+  local out, o = {}, 1
+  while o <= #p do
+    local iid, t, n = struct.unpack('<I4I4I2', p, o)
+    out[#out + 1] = iid
+    out[#out + 1] = t
+    out[#out + 1] = string.sub(p, o + 10, o + 9 + n)
+    o = o + 10 + n
+  end
+  return out
+end
+local function cancel_pending(ext, keep)   -- other attempts for this id die
+  local p = redis.call('HGET', KEYS[2], ext)
+  if not p then return end
+  local a = attempts(p)
+  for i = 1, #a, 3 do
+    if a[i] ~= keep then bury(a[i], a[i + 2]) end
+  end
+  redis.call('HDEL', KEYS[2], ext)
+end
+"""
+
+# KEYS: seq, pend, gc, ids.  ARGV: S, s, gc_max, then (ext, sketch) pairs.
+_LUA_BEGIN = """
+local S, s, gcmax = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local m = (#ARGV - 3) / 2
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if (cur + m) * S > 4294967296 then
+  return redis.error_reply('GMMLSH internal id space (uint32) of this shard is exhausted')
+end
+local first = redis.call('INCRBY', KEYS[1], m) - m
+local now = tonumber(redis.call('TIME')[1])
+local olds = {}
+for j = 0, m - 1 do
+  local ext, sk = ARGV[4 + 2 * j], ARGV[5 + 2 * j]
+  local entry = struct.pack('<I4I4I2', (first + j) * S + s, now, #sk) .. sk
+  redis.call('HSET', KEYS[2], ext, (redis.call('HGET', KEYS[2], ext) or '') .. entry)
+  olds[j + 1] = tonumber(redis.call('HGET', KEYS[4], ext) or '-1')
+end
+local gc = {}
+local n = redis.call('HLEN', KEYS[3])
+if n > 0 then
+  if n <= gcmax then gc = redis.call('HGETALL', KEYS[3])
+  else gc = redis.call('HRANDFIELD', KEYS[3], gcmax, 'WITHVALUES') end
+end
+return {first, olds, gc}
+"""
+
+# KEYS: ids, pend, gc, n, chunk keys (declared).  ARGV: S, CB, CS, TAG, ngc,
+# <ngc cleaned gc iids>, then 8 per record: ext, iid, expected old, flags, vec, sk, nrff, meta.
+# Status per record: 1 committed (info: old iid or -1), 2 cancelled, 3 conflict (info: current).
+_LUA_COMMIT = _LUA_HELPERS + """
+local ngc = tonumber(ARGV[5])
+for i = 1, ngc do redis.call('HDEL', KEYS[3], ARGV[5 + i]) end
+local base = 6 + ngc
+local status, info, added = {}, {}, 0
+for j = 0, (#ARGV - base + 1) / 8 - 1 do
+  local a = base + 8 * j
+  local ext, iid, exp, flags = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]
+  local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
+  if cur == iid then                       -- a replay of a commit that already happened
+    status[j + 1], info[j + 1] = 1, -1
+  else
+    local p = redis.call('HGET', KEYS[2], ext)
+    local mine = false
+    if p then
+      local a = attempts(p)
+      for i = 1, #a, 3 do if a[i] == iid then mine = true end end
+    end
+    if not mine then                       -- cancelled by another commit/delete of this id
+      bury(iid, ARGV[a + 5])
+      status[j + 1], info[j + 1] = 2, -1
+    elseif cur ~= exp then                 -- replaced meanwhile: the caller retries with cur
+      status[j + 1], info[j + 1] = 3, cur
+    else
+      cancel_pending(ext, iid)
+      local k, f = loc(iid, 'v'); redis.call('HSET', k, f, ARGV[a + 4])
+      k, f = loc(iid, 'k'); redis.call('HSET', k, f, ARGV[a + 5])
+      if string.find(flags, 'f', 1, true) then
+        k, f = loc(iid, 'f'); redis.call('HSET', k, f, ARGV[a + 6])
+      end
+      if string.find(flags, 'm', 1, true) then
+        k, f = loc(iid, 'm'); redis.call('HSET', k, f, ARGV[a + 7])
+      end
+      k, f = loc(iid, 'x'); redis.call('HSET', k, f, ext)
+      redis.call('HSET', KEYS[1], ext, iid)
+      if cur >= 0 then kill(cur) else added = added + 1 end
+      status[j + 1], info[j + 1] = 1, cur
+    end
+  end
+end
+if added > 0 then redis.call('INCRBY', KEYS[4], added) end
+return {status, info, dead}
+"""
+
+# KEYS: ids, pend, gc, n, chunk keys of the expected iids.  ARGV: S, CB, CS, TAG,
+# then (ext, expected iid) pairs. Status: 0 absent, 1 deleted, 3 conflict (info: current).
+_LUA_DELETE = _LUA_HELPERS + """
+local status, info, removed = {}, {}, 0
+for j = 0, (#ARGV - 4) / 2 - 1 do
+  local ext, exp = ARGV[5 + 2 * j], tonumber(ARGV[6 + 2 * j])
+  local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
+  if cur ~= exp then
+    status[j + 1], info[j + 1] = 3, cur
+  else
+    cancel_pending(ext, -1)
+    if cur < 0 then
+      status[j + 1], info[j + 1] = 0, -1
+    else
+      redis.call('HDEL', KEYS[1], ext)
+      kill(cur)
+      removed = removed + 1
+      status[j + 1], info[j + 1] = 1, cur
+    end
+  end
+end
+if removed > 0 then redis.call('DECRBY', KEYS[4], removed) end
+-- Also hand back garbage earlier writers left in this shard, for the same clean-up.
+local n = redis.call('HLEN', KEYS[3])
+if n > #dead / 2 then
+  local gc
+  if n <= 512 then gc = redis.call('HGETALL', KEYS[3])
+  else gc = redis.call('HRANDFIELD', KEYS[3], 256, 'WITHVALUES') end
+  for i = 1, #gc do dead[#dead + 1] = gc[i] end
+end
+return {status, info, dead}
+"""
+
+# KEYS: pend, gc.  ARGV: max age (s). Moves attempts older than that to gc.
+_LUA_EXPIRE = """
+local limit = tonumber(redis.call('TIME')[1]) - tonumber(ARGV[1])
+local moved = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ext, p, o = all[i], all[i + 1], 1
+  local keep = {}
+  while o <= #p do
+    local iid, t, n = struct.unpack('<I4I4I2', p, o)
+    if t < limit then
+      redis.call('HSET', KEYS[2], iid, string.sub(p, o + 10, o + 9 + n))
+      moved = moved + 1
+    else
+      keep[#keep + 1] = string.sub(p, o, o + 9 + n)
+    end
+    o = o + 10 + n
+  end
+  if #keep == 0 then redis.call('HDEL', KEYS[1], ext)
+  else redis.call('HSET', KEYS[1], ext, table.concat(keep)) end
+end
+return moved
+"""
+
+# Bucket scripts take one bucket group (a hash, KEYS[1]) and, framed so that the client
+# builds a call with a few numpy slices instead of two arguments per bucket:
+# ARGV[1] band key length kb, ARGV[2] the band keys back to back, ARGV[3] each key's
+# number of iids (<I4), ARGV[4] all the iids (<I4), key after key.
+_LUA_FRAMES = """
+local kb, fields, counts, payload = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local off = 1
+local function frame(i)               -- band key i (0-based) and its iids
+  local c = struct.unpack('<I4', counts, 4 * i + 1)
+  local ids = string.sub(payload, off, off + 4 * c - 1)
+  off = off + 4 * c
+  return string.sub(fields, kb * i + 1, kb * (i + 1)), ids
+end
+"""
+
+# The iids of one call are new, so finding the first one already there means a replay.
+_LUA_BUCKET_ADD = _LUA_FRAMES + """
+for i = 0, #counts / 4 - 1 do
+  local field, add = frame(i)
+  local cur = redis.call('HGET', KEYS[1], field)
+  if not cur then
+    redis.call('HSET', KEYS[1], field, add)
+  else
+    local first, pos, dup = string.sub(add, 1, 4), 1, false
+    while true do
+      local p = string.find(cur, first, pos, true)
+      if not p then break end
+      if (p - 1) % 4 == 0 then dup = true; break end
+      pos = p + 1
+    end
+    if not dup then redis.call('HSET', KEYS[1], field, cur .. add) end
+  end
+end
+return #counts / 4
+"""
+
+# Every copy of an iid goes (there is none, short of a bug, but the clean-up must be total).
+_LUA_BUCKET_REMOVE = _LUA_FRAMES + """
+local removed = 0
+for i = 0, #counts / 4 - 1 do
+  local field, rm = frame(i)
+  local cur = redis.call('HGET', KEYS[1], field)
+  if cur then
+    local out = cur
+    if #rm <= 16 then
+      for q = 1, #rm, 4 do
+        local x, pos = string.sub(rm, q, q + 3), 1
+        while true do
+          local p = string.find(out, x, pos, true)
+          if not p then break end
+          if (p - 1) % 4 == 0 then
+            out = string.sub(out, 1, p - 1) .. string.sub(out, p + 4)
+            removed = removed + 1
+            pos = p
+          else
+            pos = p + 1
+          end
+        end
+      end
+    else
+      local drop, keep = {}, {}
+      for q = 1, #rm, 4 do drop[string.sub(rm, q, q + 3)] = true end
+      for q = 1, #cur, 4 do
+        local x = string.sub(cur, q, q + 3)
+        if drop[x] then removed = removed + 1 else keep[#keep + 1] = x end
+      end
+      out = table.concat(keep)
+    end
+    if #out == 0 then redis.call('HDEL', KEYS[1], field)
+    elseif #out ~= #cur then redis.call('HSET', KEYS[1], field, out) end
+  end
+end
+return removed
+"""
+
+_SCRIPTS = {
+    "begin": _LUA_BEGIN,
+    "commit": _LUA_COMMIT,
+    "delete": _LUA_DELETE,
+    "expire": _LUA_EXPIRE,
+    "badd": _LUA_BUCKET_ADD,
+    "brem": _LUA_BUCKET_REMOVE,
+}
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe for logs, errors and /stats)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    except ValueError:
+        return "<unparseable redis url>"
+
+
+def _shard_of(ext_id: str, shards: int) -> int:
+    """Id shard of an external id: stable across processes and releases (CRC-32 of UTF-8)."""
+    return zlib.crc32(ext_id.encode("utf-8")) % shards
+
+
+def _groups_of(keys: np.ndarray, groups: int) -> np.ndarray:
+    """Bucket group of each band key (rows of uint8): FNV-1a 64 mod ``groups``, vectorised."""
+    h = np.full(keys.shape[0], _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for col in range(keys.shape[1]):
+            h ^= keys[:, col].astype(np.uint64)
+            h *= _FNV_PRIME
+    return (h % np.uint64(groups)).astype(np.int64)
+
+
+def _rows(a: np.ndarray) -> list[bytes]:
+    """Rows of a 2-D array as ``bytes`` each (no per-row Python arithmetic)."""
+    a = np.ascontiguousarray(a)
+    if a.shape[0] == 0:
+        return []
+    width = a.shape[1] * a.itemsize
+    if width == 0:
+        return [b""] * a.shape[0]
+    return [bytes(r) for r in a.view(np.uint8).reshape(a.shape[0], width).view(f"V{width}").ravel()]
+
+
+def _as_key_array(keys: Sequence[bytes] | np.ndarray) -> list[np.ndarray]:
+    """Band keys → 2-D uint8 arrays, one per key length (one index uses one length)."""
+    if isinstance(keys, np.ndarray):
+        if keys.ndim != 2:
+            raise ValueError(f"keys: need a (n, key_bytes) array, got shape {keys.shape}")
+        return [np.ascontiguousarray(keys, dtype=np.uint8)] if keys.shape[0] else []
+    by_len: dict[int, list[bytes]] = defaultdict(list)
+    for k in keys:
+        by_len[len(k)].append(bytes(k))
+    return [np.frombuffer(b"".join(v), np.uint8).reshape(len(v), n)
+            for n, v in sorted(by_len.items()) if n > 0]
+
+
+def _unavailable(fn: Callable) -> Callable:
+    """Translate connection-level failures into :class:`StoreUnavailable` (password masked)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except (*_UNAVAILABLE, ResponseError) as e:
+            raise self._translate(e) from None
+
+    return wrapper
+
+
+# --- the store -------------------------------------------------------------------------
+
+
+class RedisStore:
+    """Redis implementation of :class:`index.store.Store` (standalone server or Cluster).
+
+    ``url``: ``redis://[user:password@]host:port[/db]`` or ``rediss://`` (TLS).
+    ``prefix`` names the index (letters, digits, ``_ . -``): several indexes share
+    one Redis. ``cluster``: True / False, or None to ask the server. ``shards``
+    (id shards) and ``bucket_groups`` only matter when the index is created;
+    afterwards the stored layout wins. ``client_kwargs`` go to redis-py.
+
+    Nothing connects in the constructor: a store can be built while Redis is
+    down, every call raises :class:`StoreUnavailable` until it is back, and the
+    next call after that reconnects by itself. Needs Redis ≥ 7.0 (``SET NX GET``).
+    Default server settings suffice (raising ``hash-max-listpack-value`` to hold
+    vectors in listpacks saves only ~3 %: big listpacks lose it to allocator
+    rounding).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "gmmlsh",
+        cluster: bool | None = None,
+        socket_timeout: float = 5.0,
+        shards: int = 64,
+        bucket_groups: int = 4096,
+        write_chunk: int = _WRITE_CHUNK,
+        **client_kwargs: Any,
+    ) -> None:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"url: expected redis://, rediss:// or unix://, got {mask_url(url)!r}")
+        if not _PREFIX_RE.match(prefix):
+            raise ValueError(f"prefix: must be 1-64 of [A-Za-z0-9_.-], got {prefix!r}")
+        if not 1 <= shards <= 4096:
+            raise ValueError(f"shards: must be between 1 and 4096, got {shards}")
+        if not 1 <= bucket_groups <= 1 << 20:
+            raise ValueError(f"bucket_groups: must be between 1 and 2^20, got {bucket_groups}")
+        if write_chunk < 1:
+            raise ValueError(f"write_chunk: must be ≥ 1, got {write_chunk}")
+        client_kwargs.pop("decode_responses", None)  # the store speaks bytes
+        self.url = url
+        self.prefix = prefix
+        self._want_cluster = cluster
+        self._socket_timeout = socket_timeout
+        self._client_kwargs = client_kwargs
+        self._new_layout = {"version": LAYOUT_VERSION, "shards": shards, "groups": bucket_groups,
+                            "chunk_big": _CHUNK_BIG, "chunk_small": _CHUNK_SMALL}
+        self.write_chunk = write_chunk
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._is_cluster = False
+        self._closed = False
+        self._shas = {name: _sha1(body) for name, body in _SCRIPTS.items()}
+        self._layout: dict | None = None
+        self._config_key = f"{{{prefix}}}:config"
+        self._layout_key = f"{{{prefix}}}:layout"
+        self._bucket_prefix = f"{prefix}:b:".encode()
+
+    # --- plumbing ------------------------------------------------------------------------
+    def _translate(self, e: BaseException) -> StoreError:
+        """A redis-py failure as the store's exception: unavailable (503) or a plain error."""
+        if isinstance(e, ResponseError) and not isinstance(e, ClusterDownError | TryAgainError):
+            text = str(e)
+            if not (text.startswith(_TRANSIENT_REPLIES)
+                    or isinstance(e, OutOfMemoryError | ReadOnlyError)):
+                return StoreError(f"Redis at {mask_url(self.url)} refused a command: {text}")
+        return self._down(e)
+
+    def _down(self, e: BaseException) -> StoreUnavailable:
+        msg = str(e)
+        try:
+            pw = urlsplit(self.url).password
+        except ValueError:
+            pw = None
+        for secret in {pw, unquote(pw)} if pw else ():
+            msg = msg.replace(secret, "***")
+        kind = "" if isinstance(e, _Transient) else f"{type(e).__name__}: "
+        return StoreUnavailable(f"Redis at {mask_url(self.url)} unavailable: {kind}{msg}")
+
+    def _make_client(self) -> Any:
+        kw = dict(self._client_kwargs)
+        kw.setdefault("socket_timeout", self._socket_timeout)
+        kw.setdefault("socket_connect_timeout", min(self._socket_timeout, 2.0))
+        # One quick retry (a pooled connection may predate a server restart); every
+        # write of this store is safe to replay, see the module docstring.
+        retry = Retry(ExponentialBackoff(cap=0.05, base=0.01), 1)
+        cluster = self._want_cluster
+        if cluster is None:
+            probe = redis.Redis.from_url(self.url, decode_responses=False, retry=retry, **kw)
+            try:
+                cluster = bool(probe.info("cluster").get("cluster_enabled"))
+            except ResponseError:  # INFO disabled (some managed services): not a cluster
+                cluster = False
+            finally:
+                probe.close()
+        if cluster:
+            client = redis.RedisCluster.from_url(self.url, decode_responses=False, retry=retry,
+                                                 **kw)
+        else:
+            client = redis.Redis.from_url(self.url, decode_responses=False, retry=retry, **kw)
+        self._is_cluster = bool(cluster)
+        return client
+
+    def _r(self) -> Any:
+        """The redis-py client, created on first use (after a failed attempt, again)."""
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._closed:
+                raise StoreUnavailable(f"Redis store {self.prefix!r} at {mask_url(self.url)} "
+                                       "is closed")
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def _pipeline(self, commands: list[tuple]) -> list[Any]:
+        """Run commands in one pipelined round trip (per node); results in order.
+
+        A script missing from the server's cache (restart, failover, SCRIPT FLUSH)
+        is loaded and its commands — which did not run — are sent again.
+        """
+        if not commands:
+            return []
+        r = self._r()
+        pending = list(range(len(commands)))
+        results: list[Any] = [None] * len(commands)
+        for attempt in range(3):
+            pipe = r.pipeline(transaction=False)
+            for i in pending:
+                pipe.execute_command(*commands[i])
+            out = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, res in zip(pending, out, strict=True):
+                if isinstance(res, NoScriptError):
+                    missing.append(i)
+                elif isinstance(res, _UNAVAILABLE):
+                    raise res
+                elif isinstance(res, ResponseError):
+                    text = str(res)
+                    if "GMMLSH" in text:
+                        raise StoreError(text.split("GMMLSH", 1)[1].strip())
+                    if isinstance(res, ClusterDownError | TryAgainError):
+                        raise res
+                    if text.startswith(_TRANSIENT_REPLIES) or isinstance(res, OutOfMemoryError
+                                                                         | ReadOnlyError):
+                        raise _Transient(f"{type(res).__name__}: {text}")
+                    raise StoreError(f"Redis at {mask_url(self.url)} refused "
+                                     f"{commands[i][0]}: {res}")
+                elif isinstance(res, Exception):
+                    raise res
+                else:
+                    results[i] = res
+            if not missing:
+                return results
+            if attempt == 2:
+                break
+            self._load_scripts()
+            pending = missing
+        raise StoreError(f"Redis at {mask_url(self.url)} keeps forgetting this store's scripts")
+
+    def _load_scripts(self) -> None:
+        r = self._r()
+        for name, body in _SCRIPTS.items():
+            sha = r.script_load(body)
+            if isinstance(sha, bytes):
+                sha = sha.decode()
+            if sha != self._shas[name]:
+                raise StoreError(f"Redis hashed script {name} to {sha}, expected {self._shas[name]}")
+
+    def _eval(self, name: str, keys: Sequence, args: Sequence) -> tuple:
+        return ("EVALSHA", self._shas[name], len(keys), *keys, *args)
+
+    def _get_layout(self, create: bool) -> dict | None:
+        """The stored layout (cached once seen); with ``create``, store ours if none is."""
+        if self._layout is not None:
+            return self._layout
+        r = self._r()
+        raw = r.get(self._layout_key)
+        if raw is None and create:
+            mine = json.dumps(self._new_layout, sort_keys=True)
+            raw = r.set(self._layout_key, mine, nx=True, get=True) or mine.encode()
+        if raw is None:
+            return None
+        try:
+            layout = json.loads(raw)
+        except ValueError as e:
+            raise StoreError(f"Redis index {self.prefix!r}: unreadable layout {raw[:80]!r}") from e
+        if layout.get("version") != LAYOUT_VERSION:
+            raise StoreError(f"Redis index {self.prefix!r} has store layout version "
+                             f"{layout.get('version')!r}; this release reads {LAYOUT_VERSION}")
+        self._layout = layout
+        return layout
+
+    def _tag(self, s: int) -> str:
+        return f"{{{self.prefix}:{s}}}:"
+
+    def _shard_keys(self, s: int) -> tuple[str, str, str, str, str]:
+        t = self._tag(s)
+        return t + "ids", t + "pend", t + "gc", t + "n", t + "seq"
+
+    @staticmethod
+    def _chunk(fam: str, lay: dict) -> int:
+        return lay["chunk_small"] if fam in ("x", "m") else lay["chunk_big"]
+
+    def _locs(self, iids: np.ndarray, fam: str, lay: dict) -> tuple[np.ndarray, np.ndarray,
+                                                                   np.ndarray]:
+        """(shard, chunk, field) of each iid's blob in family ``fam``."""
+        S = lay["shards"]
+        C = self._chunk(fam, lay)
+        seq = iids // S
+        return iids % S, seq // C, seq % C
+
+    def _chunk_keys(self, iids: Sequence[int], lay: dict, s: int) -> list[str]:
+        """Every chunk key (all families) the blobs of these iids live in: a script's KEYS."""
+        out: set[str] = set()
+        tag = self._tag(s)
+        S = lay["shards"]
+        for iid in iids:
+            if iid < 0:
+                continue
+            seq = iid // S
+            for fam in _ALL_FAMILIES:
+                out.add(f"{tag}{fam}:{seq // self._chunk(fam, lay)}")
+        return sorted(out)
+
+    def _group_key(self, t: int) -> bytes:
+        return self._bucket_prefix + str(t).encode()
+
+    # --- configuration ---------------------------------------------------------------------
+    @_unavailable
+    def read_config(self) -> dict | None:
+        """The stored index configuration, or None for a new (empty) store."""
+        raw = self._r().get(self._config_key)
+        if raw is None:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise StoreError(f"Redis index {self.prefix!r}: unreadable config") from e
+
+    @_unavailable
+    def init_config(self, config: dict) -> dict:
+        """Store ``config`` if none is stored yet; return what is stored (one atomic SET NX GET)."""
+        raw = json.dumps(config, sort_keys=True)
+        old = self._r().set(self._config_key, raw, nx=True, get=True)
+        self._get_layout(create=True)
+        if old is None:
+            return json.loads(raw)
+        try:
+            return json.loads(old)
+        except ValueError as e:
+            raise StoreError(f"Redis index {self.prefix!r} holds an unreadable config") from e
+
+    # --- writes ------------------------------------------------------------------------------
+    @_unavailable
+    def upsert(self, batch: RecordBatch, band_keys_of: BandKeysFn) -> None:
+        """Insert or replace every record (last occurrence of an id wins); see the module doc.
+
+        Large batches go in chunks of ``write_chunk`` records; each record becomes
+        visible atomically, and after a failure the batch can simply be retried.
+        """
+        n = len(batch)
+        _check_batch(batch, n)
+        if n == 0:
+            return
+        lay = self._get_layout(create=True)
+        last: dict[str, int] = {}
+        for i, ext_id in enumerate(batch.ids):
+            last[ext_id] = i
+        rows = np.fromiter(sorted(last.values()), dtype=np.int64, count=len(last))
+        for lo in range(0, len(rows), self.write_chunk):
+            self._upsert_rows(batch, rows[lo:lo + self.write_chunk], band_keys_of, lay)
+
+    def _upsert_rows(self, batch: RecordBatch, rows: np.ndarray, band_keys_of: BandKeysFn,
+                     lay: dict) -> None:
+        S = lay["shards"]
+        sketches = np.ascontiguousarray(np.asarray(batch.sketches)[rows], dtype=np.uint8)
+        sk_bytes = _rows(sketches)
+        exts = [batch.ids[i] for i in rows.tolist()]
+        has_nrff = batch.nrff is not None and batch.nrff.shape[1] > 0
+        nrff = _rows(np.asarray(batch.nrff, dtype="<f4")[rows]) if has_nrff else None
+        metas = [batch.meta[i] for i in rows.tolist()] if batch.meta is not None else None
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for p, e in enumerate(exts):
+            by_shard[_shard_of(e, S)].append(p)
+        shards = sorted(by_shard)
+
+        # 1. begin: iids, write-ahead journal, current iids, leftover garbage.
+        cmds = []
+        for s in shards:
+            ids_k, pend_k, gc_k, _, seq_k = self._shard_keys(s)
+            args: list[Any] = [S, s, _GC_PER_BEGIN]
+            for p in by_shard[s]:
+                args += [exts[p].encode(), sk_bytes[p]]
+            cmds.append(self._eval("begin", [seq_k, pend_k, gc_k, ids_k], args))
+        iids = np.empty(len(exts), dtype=np.int64)
+        expected = np.empty(len(exts), dtype=np.int64)
+        gc_found: dict[int, list[tuple[int, bytes]]] = {}
+        for s, (first, olds, gc) in zip(shards, self._pipeline(cmds), strict=True):
+            ps = by_shard[s]
+            iids[ps] = (int(first) + np.arange(len(ps))) * S + s
+            expected[ps] = [int(o) for o in olds]
+            gc_found[s] = [(int(gc[i]), gc[i + 1]) for i in range(0, len(gc), 2)]
+
+        # 2. bucket entries of the new iids (and of garbage others left behind).
+        keys = np.asarray(batch.band_keys)[rows]
+        n_bands = keys.shape[1]
+        flat = np.ascontiguousarray(keys.reshape(-1, keys.shape[2]), dtype=np.uint8)
+        cmds = self._bucket_cmds("badd", flat, np.repeat(iids, n_bands), lay)
+        garbage = [g for s in shards for g in gc_found[s]]
+        cmds += self._dead_bucket_cmds(garbage, band_keys_of, lay)
+        self._pipeline(cmds)
+
+        # 3. commit (per shard, atomic), retrying records whose id changed meanwhile.
+        todo = {s: list(by_shard[s]) for s in shards}
+        cleaned = {s: [g for g, _ in gc_found[s]] for s in shards}
+        dead: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        cancelled: list[int] = []
+        for _round in range(32):
+            cmds, order = [], []
+            for s, ps in todo.items():
+                ids_k, pend_k, gc_k, n_k, _ = self._shard_keys(s)
+                touched = [int(iids[p]) for p in ps] + [int(expected[p]) for p in ps]
+                ckeys = self._chunk_keys(touched, lay, s)
+                args = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s),
+                        len(cleaned[s]), *cleaned[s]]
+                for p in ps:
+                    meta = metas[p] if metas is not None else None
+                    flags = ("f" if has_nrff else "") + ("m" if meta is not None else "")
+                    args += [exts[p].encode(), int(iids[p]), int(expected[p]), flags,
+                             batch.vectors[rows[p]], sk_bytes[p],
+                             nrff[p] if nrff is not None else b"", meta or b""]
+                cmds.append(self._eval("commit", [ids_k, pend_k, gc_k, n_k, *ckeys], args))
+                order.append(s)
+            retry: dict[int, list[int]] = {}
+            for s, (status, info, dl) in zip(order, self._pipeline(cmds), strict=True):
+                cleaned[s] = []
+                dead[s] += [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]
+                for p, st, cur in zip(todo[s], status, info, strict=True):
+                    if st == 3:
+                        expected[p] = int(cur)
+                        retry.setdefault(s, []).append(p)
+                    elif st == 2:
+                        cancelled.append(p)
+            if not retry:
+                break
+            todo = retry
+        else:
+            raise StoreError(f"Redis index {self.prefix!r}: ids kept changing under this write")
+
+        # 4./5. bucket entries of the iids that died (replaced, cancelled attempts).
+        self._bury(dead, band_keys_of, lay)
+
+    def _bury(self, dead: dict[int, list[tuple[int, bytes]]], band_keys_of: BandKeysFn,
+              lay: dict) -> None:
+        """Remove the bucket entries of dead iids, then their gc journal entries."""
+        allded = [d for lst in dead.values() for d in lst]
+        if not allded:
+            return
+        self._pipeline(self._dead_bucket_cmds(allded, band_keys_of, lay))
+        cmds = []
+        for s, lst in dead.items():
+            if lst:
+                cmds.append(("HDEL", self._shard_keys(s)[2], *sorted({i for i, _ in lst})))
+        self._pipeline(cmds)
+
+    def _dead_bucket_cmds(self, dead: list[tuple[int, bytes]], band_keys_of: BandKeysFn,
+                          lay: dict) -> list[tuple]:
+        if not dead:
+            return []
+        sks = np.stack([np.frombuffer(sk, dtype=np.uint8) for _, sk in dead])
+        keys = np.asarray(band_keys_of(sks))
+        if keys.ndim != 3 or keys.shape[0] != len(dead):
+            raise ValueError(f"band_keys_of returned shape {keys.shape} for {len(dead)} sketches")
+        flat = np.ascontiguousarray(keys.reshape(-1, keys.shape[2]), dtype=np.uint8)
+        iids = np.repeat(np.array([i for i, _ in dead], dtype=np.int64), keys.shape[1])
+        return self._bucket_cmds("brem", flat, iids, lay)
+
+    def _bucket_cmds(self, script: str, flat: np.ndarray, iids: np.ndarray,
+                     lay: dict) -> list[tuple]:
+        """Script calls adding/removing ``iids[j]`` to/from bucket ``flat[j]``: one per group.
+
+        Entries are sorted by (group, band key), so each call's arguments are
+        contiguous slices of three arrays: no Python work per bucket or entry.
+        """
+        if flat.shape[0] == 0:
+            return []
+        kb = flat.shape[1]
+        groups = _groups_of(flat, lay["groups"])
+        order = np.lexsort((*flat.T[::-1], groups))
+        g, keys = groups[order], flat[order]
+        new = np.ones(len(order), dtype=bool)  # first entry of each distinct (group, key)
+        new[1:] = (g[1:] != g[:-1]) | np.any(keys[1:] != keys[:-1], axis=1)
+        first = np.flatnonzero(new)
+        counts = np.diff(np.append(first, len(order))).astype(_U4)
+        ukeys, ug = keys[first], g[first]
+        ids = iids[order].astype(_U4)
+        gcut = np.flatnonzero(np.diff(ug)) + 1
+        cmds = []
+        for lo, hi in zip([0, *gcut.tolist()], [*gcut.tolist(), len(first)], strict=True):
+            name = self._group_key(int(ug[lo]))
+            for clo in range(lo, hi, _GROUP_CALL_KEYS):
+                chi = min(hi, clo + _GROUP_CALL_KEYS)
+                e_lo = int(first[clo])
+                e_hi = int(first[chi]) if chi < len(first) else len(order)
+                cmds.append(self._eval(script, [name], [
+                    kb, ukeys[clo:chi].tobytes(), counts[clo:chi].tobytes(),
+                    ids[e_lo:e_hi].tobytes()]))
+        return cmds
+
+    @_unavailable
+    def delete(self, ids: Sequence[str], band_keys_of: BandKeysFn) -> int:
+        """Remove these external ids everywhere; returns how many existed.
+
+        Each id disappears atomically (id map, blobs and count in one script);
+        its bucket entries are journaled and removed right after.
+        """
+        uniq = list(dict.fromkeys(ids))
+        if not uniq:
+            return 0
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return 0
+        S = lay["shards"]
+        expected = dict(zip(uniq, self.lookup(uniq).tolist(), strict=True))
+        todo: dict[int, list[str]] = defaultdict(list)
+        for e in uniq:
+            todo[_shard_of(e, S)].append(e)
+        # Shards where nothing exists still run (cheaply): they cancel crashed attempts.
+        removed = 0
+        dead: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        for _round in range(32):
+            cmds, order = [], []
+            for s, es in todo.items():
+                ids_k, pend_k, gc_k, n_k, _ = self._shard_keys(s)
+                ckeys = self._chunk_keys([expected[e] for e in es], lay, s)
+                args: list[Any] = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s)]
+                for e in es:
+                    args += [e.encode(), expected[e]]
+                cmds.append(self._eval("delete", [ids_k, pend_k, gc_k, n_k, *ckeys], args))
+                order.append(s)
+            retry: dict[int, list[str]] = {}
+            for s, (status, info, dl) in zip(order, self._pipeline(cmds), strict=True):
+                dead[s] += [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]
+                for e, st, cur in zip(todo[s], status, info, strict=True):
+                    if st == 1:
+                        removed += 1
+                    elif st == 3:
+                        expected[e] = int(cur)
+                        retry.setdefault(s, []).append(e)
+            if not retry:
+                break
+            todo = retry
+        else:
+            raise StoreError(f"Redis index {self.prefix!r}: ids kept changing under this delete")
+        self._bury(dead, band_keys_of, lay)
+        return removed
+
+    @_unavailable
+    def collect_garbage(self, band_keys_of: BandKeysFn, pending_older_than: float = 600.0) -> dict:
+        """Clean up after writers that crashed and never retried: maintenance, not hot path.
+
+        Write attempts journaled more than ``pending_older_than`` seconds ago are
+        cancelled, and every journaled dead iid loses its bucket entries. Safe to
+        run at any time, from any process, concurrently with writers (a writer
+        whose attempt was cancelled sees it at commit and drops that record).
+        """
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return {"expired_attempts": 0, "dead_iids": 0}
+        cmds = []
+        for s in range(lay["shards"]):
+            _, pend_k, gc_k, _, _ = self._shard_keys(s)
+            cmds.append(self._eval("expire", [pend_k, gc_k], [int(pending_older_than)]))
+        expired = sum(int(x) for x in self._pipeline(cmds))
+        gcs = self._pipeline([("HGETALL", self._shard_keys(s)[2]) for s in range(lay["shards"])])
+        dead = {s: [(int(k), v) for k, v in g.items()] for s, g in enumerate(gcs) if g}
+        self._bury(dead, band_keys_of, lay)
+        return {"expired_attempts": expired, "dead_iids": sum(len(v) for v in dead.values())}
+
+    # --- reads --------------------------------------------------------------------------------
+    @_unavailable
+    def lookup(self, ids: Sequence[str]) -> np.ndarray:
+        """Internal ids (int64) of these external ids; -1 where unknown. One round trip."""
+        out = np.full(len(ids), -1, dtype=np.int64)
+        if not len(ids):
+            return out
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return out
+        S = lay["shards"]
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for p, e in enumerate(ids):
+            by_shard[_shard_of(e, S)].append(p)
+        cmds = [("HMGET", self._shard_keys(s)[0], *[ids[p].encode() for p in ps])
+                for s, ps in by_shard.items()]
+        for ps, vals in zip(by_shard.values(), self._pipeline(cmds), strict=True):
+            for p, v in zip(ps, vals, strict=True):
+                if v is not None:
+                    out[p] = int(v)
+        return out
+
+    def _get_blobs(self, iids: np.ndarray, fam: str) -> list[bytes | None]:
+        """Blobs of family ``fam`` for these iids, grouped into one HMGET per chunk key."""
+        a = np.asarray(iids).ravel().astype(np.int64, copy=False)
+        out: list[bytes | None] = [None] * a.size
+        if a.size == 0:
+            return out
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return out
+        valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT))
+        if valid.size == 0:
+            return out
+        s, c, f = self._locs(a[valid], fam, lay)
+        kid = s * (1 << 32) + c  # one id per chunk key
+        order = np.argsort(kid, kind="stable")
+        kid_sorted = kid[order]
+        cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
+        starts, stops = [0, *cuts], [*cuts, len(order)]
+        cmds, groups = [], []
+        f_sorted = f[order].tolist()
+        for lo, hi in zip(starts, stops, strict=True):
+            k = int(kid_sorted[lo])
+            cmds.append(("HMGET", f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}",
+                         *f_sorted[lo:hi]))
+            groups.append((lo, hi))
+        pos = valid[order].tolist()
+        for (lo, _hi), vals in zip(groups, self._pipeline(cmds), strict=True):
+            for j, v in enumerate(vals):
+                out[pos[lo + j]] = v
+        return out
+
+    @_unavailable
+    def external_ids(self, iids: np.ndarray) -> list[str | None]:
+        """External ids of these internal ids; None where the iid is gone (or not yet live)."""
+        return [v.decode("utf-8") if v is not None else None for v in self._get_blobs(iids, "x")]
+
+    @_unavailable
+    def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
+        """Blob ``field`` of each iid, in order; None where absent. One round trip."""
+        fam = _FAMILY.get(field)
+        if fam is None:
+            raise ValueError(f"field: unknown blob field {field!r}; one of {FIELDS}")
+        return self._get_blobs(iids, fam)
+
+    @_unavailable
+    def bucket_members(self, keys: Sequence[bytes] | np.ndarray) -> np.ndarray:
+        """Members (uint32) of all these buckets concatenated, one entry per bucket hit.
+
+        One pipelined round trip of GETs; each bucket is already packed uint32, so
+        the answer is one ``np.frombuffer`` with no Python work per member.
+        """
+        arrays = _as_key_array(keys)
+        if not arrays:
+            return np.empty(0, dtype=np.uint32)
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return np.empty(0, dtype=np.uint32)
+        by_group: dict[int, list[bytes]] = defaultdict(list)
+        for a in arrays:
+            for t, field in zip(_groups_of(a, lay["groups"]).tolist(), _rows(a), strict=True):
+                by_group[t].append(field)
+        cmds = [("HMGET", self._group_key(t), *fs) for t, fs in by_group.items()]
+        buf = b"".join(v for vals in self._pipeline(cmds) for v in vals if v)
+        return np.frombuffer(buf, dtype=_U4).astype(np.uint32)
+
+    @_unavailable
+    def scan(self, field: str, batch_size: int = 4096) -> Iterator[tuple[np.ndarray, list[bytes]]]:
+        """Every live record holding ``field``, in iid order, as (iids int64, blobs) chunks.
+
+        Not a snapshot: a record committed or removed during the scan may or may
+        not appear, but every blob yielded is a complete, committed one.
+        """
+        fam = _FAMILY.get(field)
+        if fam is None:
+            raise ValueError(f"field: unknown blob field {field!r}; one of {FIELDS}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
+        return self._scan(fam, batch_size)
+
+    def _scan(self, fam: str, batch_size: int) -> Iterator[tuple[np.ndarray, list[bytes]]]:
+        try:
+            lay = self._get_layout(create=False)
+            if lay is None:
+                return
+            S = lay["shards"]
+            C = self._chunk(fam, lay)
+            # Window of seqs read per round: all shards × W seqs ≈ batch_size records.
+            W = 1
+            while W * 2 <= min(C, max(1, batch_size // S)):
+                W *= 2
+            seqs = self._pipeline([("GET", self._shard_keys(s)[4]) for s in range(S)])
+            top = max(int(x or 0) for x in seqs)
+            iids_buf: list[int] = []
+            blobs_buf: list[bytes] = []
+            for a in range(0, top, W):
+                c, off = divmod(a, C)
+                fields = list(range(off, off + W))
+                vals = self._pipeline([("HMGET", f"{self._tag(s)}{fam}:{c}", *fields)
+                                       for s in range(S)])
+                for j in range(W):
+                    for s in range(S):
+                        v = vals[s][j]
+                        if v is not None:
+                            iids_buf.append((a + j) * S + s)
+                            blobs_buf.append(v)
+                while len(iids_buf) >= batch_size:
+                    yield (np.array(iids_buf[:batch_size], dtype=np.int64),
+                           blobs_buf[:batch_size])
+                    del iids_buf[:batch_size], blobs_buf[:batch_size]
+            if iids_buf:
+                yield np.array(iids_buf, dtype=np.int64), blobs_buf
+        except (*_UNAVAILABLE, ResponseError) as e:
+            raise self._translate(e) from None
+
+    @_unavailable
+    def scan_buckets(self) -> Iterator[tuple[bytes, np.ndarray]]:
+        """Every bucket as (band key, member iids uint32), via SCAN (every master of a Cluster)."""
+        return self._scan_buckets()
+
+    def _scan_buckets(self, chunk: int = 16) -> Iterator[tuple[bytes, np.ndarray]]:
+        try:
+            it = self._r().scan_iter(match=self._bucket_prefix + b"*", count=1000)
+            while True:
+                names = [n for _, n in zip(range(chunk), it, strict=False)]
+                if not names:
+                    return
+                for group in self._pipeline([("HGETALL", n) for n in names]):
+                    for band_key, v in group.items():
+                        yield band_key, np.frombuffer(v, dtype=_U4).astype(np.uint32)
+        except (*_UNAVAILABLE, ResponseError) as e:
+            raise self._translate(e) from None
+
+    @_unavailable
+    def count(self) -> int:
+        """Number of live vectors (exact: per-shard counters kept by the commit scripts)."""
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return 0
+        vals = self._pipeline([("GET", self._shard_keys(s)[3]) for s in range(lay["shards"])])
+        return sum(int(v or 0) for v in vals)
+
+    @_unavailable
+    def iid_bound(self) -> int:
+        """An exclusive upper bound on every live iid: (largest shard sequence) · shards."""
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return 0
+        S = lay["shards"]
+        vals = self._pipeline([("GET", self._shard_keys(s)[4]) for s in range(S)])
+        return max(int(v or 0) for v in vals) * S
+
+    # --- housekeeping --------------------------------------------------------------------------
+    @_unavailable
+    def ping(self) -> None:
+        """Raise :class:`StoreUnavailable` if Redis (every master of a Cluster) cannot be reached."""
+        r = self._r()
+        if self._is_cluster:
+            r.ping(target_nodes=redis.RedisCluster.PRIMARIES)
+        else:
+            r.ping()
+
+    @_unavailable
+    def info(self) -> dict:
+        """Backend facts for /stats: kind, masked URL, prefix, server memory, vector count."""
+        r = self._r()
+        if self._is_cluster:
+            mem = r.info("memory", target_nodes=redis.RedisCluster.PRIMARIES)
+            used = sum(int(v.get("used_memory", 0)) for v in mem.values()
+                       if isinstance(v, dict))
+        else:
+            used = int(r.info("memory").get("used_memory", 0))
+        lay = self._get_layout(create=False) or self._new_layout
+        return {
+            "kind": "redis",
+            "url": mask_url(self.url),
+            "prefix": self.prefix,
+            "cluster": self._is_cluster,
+            "used_memory": used,
+            "vectors": self.count(),
+            "shards": lay["shards"],
+            "bucket_groups": lay["groups"],
+        }
+
+    def close(self) -> None:
+        """Drop the connections (idempotent); later calls raise :class:`StoreUnavailable`."""
+        with self._lock:
+            client, self._client = self._client, None
+            self._closed = True
+        if client is not None:
+            try:
+                client.close()
+            except RedisError:
+                pass
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({mask_url(self.url)!r}, prefix={self.prefix!r})"
+
+
+def _sha1(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _check_batch(batch: RecordBatch, n: int) -> None:
+    """Reject malformed batches before anything is written."""
+    problems = []
+    if len(batch.vectors) != n:
+        problems.append(f"vectors: {len(batch.vectors)} rows for {n} ids")
+    sk, bk = np.asarray(batch.sketches), np.asarray(batch.band_keys)
+    if sk.dtype != np.uint8 or sk.ndim != 2 or sk.shape[0] != n:
+        problems.append(f"sketches: need ({n}, bytes) uint8, got {sk.shape} {sk.dtype}")
+    elif n and sk.shape[1] == 0:
+        problems.append("sketches: empty sketches")
+    if bk.dtype != np.uint8 or bk.ndim != 3 or bk.shape[0] != n:
+        problems.append(f"band_keys: need ({n}, L, key_bytes) uint8, got {bk.shape} {bk.dtype}")
+    elif n and (bk.shape[1] == 0 or bk.shape[2] == 0):
+        problems.append(f"band_keys: empty band keys {bk.shape}")
+    if batch.nrff is not None and (batch.nrff.ndim != 2 or batch.nrff.shape[0] != n):
+        problems.append(f"nrff: need ({n}, m) float32, got {batch.nrff.shape}")
+    if batch.meta is not None and len(batch.meta) != n:
+        problems.append(f"meta: {len(batch.meta)} rows for {n} ids")
+    for i, e in enumerate(batch.ids):
+        if not isinstance(e, str):
+            problems.append(f"ids[{i}]: must be a string, got {type(e).__name__}")
+            break
+    if problems:
+        raise ValueError("; ".join(problems))
