@@ -111,9 +111,7 @@ def _sample_impl(indptr, rows, coords, logs, table, k, out_i, out_t):
                 cur = 0
                 for p in range(indptr[v], indptr[v + 1]):
                     c = tb[rows[p]]
-                    _block_step(
-                        logs[p], p, c[0], c[1], c[2], c[3], best[cur], arg[cur], best[1 - cur], arg[1 - cur]
-                    )
+                    _block_step(logs[p], p, c[0], c[1], c[2], c[3], best[cur], arg[cur], best[1 - cur], arg[1 - cur])
                     cur = 1 - cur
                 for jj in range(jn):
                     p = arg[cur, jj]
@@ -204,9 +202,7 @@ def _as_split(X, center):
     """Validated input → (n, dim, indptr, coords, logs) over the 2D space."""
     if sp.issparse(X) and center is None:
         X = check_batch(X)
-        return X.shape[0], X.shape[1], *_split_csr(
-            X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data
-        )
+        return X.shape[0], X.shape[1], *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
     if sp.issparse(X):
         X = X.toarray()  # centring makes a sparse vector dense
     X = check_batch(X) if center is None else np.atleast_2d(np.asarray(X, dtype=np.float64))
@@ -409,10 +405,10 @@ def estimate_gmm(a, b, bits: int | None = None):
 
 def corrected_rate(rate, bits: int):
     """Undo the ``2^-b`` chance collisions of b-bit codes (may go slightly below 0)."""
-    chance = 2.0 ** -bits
+    chance = 2.0**-bits
     return (np.asarray(rate) - chance) / (1.0 - chance)
 
 
 def bbit_collision_probability(gmm, bits: int):
     """Expected collision probability of b-bit codes for a pair with this GMM."""
-    return np.asarray(gmm) + (1.0 - np.asarray(gmm)) * 2.0 ** -bits
+    return np.asarray(gmm) + (1.0 - np.asarray(gmm)) * 2.0**-bits

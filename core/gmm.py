@@ -25,7 +25,6 @@ from core.validate import DimensionError, check_batch, check_dense, check_sparse
 _FAST = {"reassoc", "contract", "nsz", "arcp", "nnan", "ninf"}
 
 
-
 @njit(nogil=True, cache=True, inline="always", fastmath=_FAST)
 def _same_sign_min(a, b):
     return max(min(a, b), 0.0) - min(max(a, b), 0.0)

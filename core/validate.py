@@ -70,9 +70,7 @@ def check_sparse(indices, values, dim: int | None, field: str = "indices") -> tu
             raise SparseIndexError(field, "indices must be integers")
     idx = idx.astype(np.int64, copy=False)
     if idx.shape[0] != val.shape[0]:
-        raise SparseIndexError(
-            field, f"{idx.shape[0]} indices but {val.shape[0]} values; they must pair up"
-        )
+        raise SparseIndexError(field, f"{idx.shape[0]} indices but {val.shape[0]} values; they must pair up")
     if idx.size and idx.min() < 0:
         raise SparseIndexError(field, f"negative index {int(idx.min())}")
     if dim is not None and idx.size and idx.max() >= dim:
@@ -127,5 +125,7 @@ def check_batch(X, dim: int | None = None, field: str = "vectors"):
         raise NonFiniteError(f"{field}[{row}]", "values must be finite")
     zero = ~A.any(axis=1)
     if zero.any():
-        raise ZeroVectorError(f"{field}[{int(np.flatnonzero(zero)[0])}]", "all-zero vector: GMM is undefined (0/0) for it")
+        raise ZeroVectorError(
+            f"{field}[{int(np.flatnonzero(zero)[0])}]", "all-zero vector: GMM is undefined (0/0) for it"
+        )
     return np.ascontiguousarray(A)

@@ -108,8 +108,7 @@ def check_index(index, batch_size: int = 4096) -> CheckReport:
     else:  # an empty side
         extra, lost = found, expected
     kb = banding.key_bytes
-    for kind, recs in (("bucket entry for an unknown or retired vector", extra),
-                       ("missing bucket entry", lost)):
+    for kind, recs in (("bucket entry for an unknown or retired vector", extra), ("missing bucket entry", lost)):
         if recs.shape[0]:
             raw = recs[:MAX_EXAMPLES].view(np.uint8).reshape(-1, kb + 4)
             ex = [f"band {int(r[0]) * 256 + int(r[1])} iid {int(r[kb:].view('>u4')[0])}" for r in raw]

@@ -188,8 +188,14 @@ def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
 class Index:
     """An opened index. One instance per process (never share one across fork); thread-safe."""
 
-    def __init__(self, store: Store, config: IndexConfig, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 default_candidates: int | None = None):
+    def __init__(
+        self,
+        store: Store,
+        config: IndexConfig,
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        default_candidates: int | None = None,
+    ):
         self.store = store
         self.config = config
         self.banding = Banding(config.bands, config.rows, config.bits)
@@ -198,7 +204,8 @@ class Index:
         dim = config.dim
         self._cache = (
             _RowCache("vector", dim, np.float32, lambda b: codec.decode_dense(b, dim), cache_bytes)
-            if config.storage == "dense" else None
+            if config.storage == "dense"
+            else None
         )
         # 2-bit ranking codes (k/4 bytes a vector) for the agreement pre-rank.
         self._sketches = _RowCache(
@@ -212,8 +219,16 @@ class Index:
 
     # --- opening ------------------------------------------------------------------
     @classmethod
-    def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh",
-             create: bool = True, cache_bytes: int = DEFAULT_CACHE_BYTES, **store_options) -> Index:
+    def open(
+        cls,
+        location,
+        config: IndexConfig | None = None,
+        *,
+        prefix: str = "gmmlsh",
+        create: bool = True,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        **store_options,
+    ) -> Index:
         """Open (or create, given a config) the index at a directory or Redis URL."""
         loc = str(location)
         is_redis = loc.startswith(("redis://", "rediss://", "unix://"))
@@ -299,8 +314,12 @@ class Index:
         vectors = codec.encode_dense(X32, norms) if self.config.storage == "dense" else codec.encode_sparse(X32, norms)
         feats = None
         if self.config.nrff_k:
-            feats = nrff.features(X32.astype(np.float64) if not sp.issparse(X32) else X32,
-                                  self.config.nrff_k, self.config.gamma, self.config.seed).astype(np.float32)
+            feats = nrff.features(
+                X32.astype(np.float64) if not sp.issparse(X32) else X32,
+                self.config.nrff_k,
+                self.config.gamma,
+                self.config.seed,
+            ).astype(np.float32)
         batch = RecordBatch(
             ids=ids,
             vectors=vectors,
@@ -370,9 +389,17 @@ class Index:
         return sp.csr_matrix((sv.values, sv.indices, [0, sv.indices.size]), shape=(1, self.config.dim))
 
     # --- query ----------------------------------------------------------------------
-    def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "lsh",
-              min_similarity: float = 0.0, candidates: int | None = None,
-              bands: int | None = None) -> QueryResult:
+    def query(
+        self,
+        vector=None,
+        *,
+        id: str | None = None,
+        k: int = 10,
+        mode: str = "lsh",
+        min_similarity: float = 0.0,
+        candidates: int | None = None,
+        bands: int | None = None,
+    ) -> QueryResult:
         """Nearest neighbours of a vector or of a stored id (which is then left out)."""
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
@@ -387,16 +414,29 @@ class Index:
         codes = self._codes(qh) if mode == "lsh" else None
         return self._answer(q, qh, codes, exclude, *opts)
 
-    def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
-                    candidates: int | None = None, bands: int | None = None) -> list[QueryResult]:
+    def query_batch(
+        self,
+        X,
+        *,
+        k: int = 10,
+        mode: str = "lsh",
+        min_similarity: float = 0.0,
+        candidates: int | None = None,
+        bands: int | None = None,
+    ) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR); the batch is hashed in one kernel call."""
         opts = self._check_options(k, mode, min_similarity, candidates, bands)
         Q = self._as_stored(X, "vectors")
         Qh = self._hashable(Q)
         codes = self._codes(Qh) if mode == "lsh" else None
         return [
-            self._answer(Q[i] if sp.issparse(Q) else Q[i], Qh[i] if sp.issparse(Qh) else Qh[i : i + 1],
-                         None if codes is None else codes[i : i + 1], -1, *opts)
+            self._answer(
+                Q[i] if sp.issparse(Q) else Q[i],
+                Qh[i] if sp.issparse(Qh) else Qh[i : i + 1],
+                None if codes is None else codes[i : i + 1],
+                -1,
+                *opts,
+            )
             for i in range(Q.shape[0])
         ]
 

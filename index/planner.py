@@ -50,8 +50,16 @@ class Plan:
         return asdict(self)
 
 
-def plan(sample, *, n_total: int | None = None, target_recall: float = 0.95, neighbors: int = 10,
-         bits: int = 8, queries: int = 100, seed: int = 0) -> Plan:
+def plan(
+    sample,
+    *,
+    n_total: int | None = None,
+    target_recall: float = 0.95,
+    neighbors: int = 10,
+    bits: int = 8,
+    queries: int = 100,
+    seed: int = 0,
+) -> Plan:
     """Choose (L, r, b, C) for data like ``sample`` (dense 2-D or CSR rows).
 
     ``n_total`` is the index size the plan is for (default: the sample size);
@@ -81,8 +89,11 @@ def plan(sample, *, n_total: int | None = None, target_recall: float = 0.95, nei
         reads = float(pc.sum(axis=1).mean() * scale)  # ≈ distinct candidates per query
         bucket_reads = float(((collision_probability(S, bits) ** r) * L).sum(axis=1).mean() * scale)
         # Agreement rank of each true neighbour among the sample, scaled to n_total.
-        agree = (codes_q[:, None, :k] == codes_b[None, :, :k]).sum(axis=2) if base.shape[0] * k * queries < 4e8 \
+        agree = (
+            (codes_q[:, None, :k] == codes_b[None, :, :k]).sum(axis=2)
+            if base.shape[0] * k * queries < 4e8
             else np.stack([(codes_b[:, :k] == codes_q[i, :k]).sum(axis=1) for i in range(queries)])
+        )
         ranks = np.empty((queries, neighbors))
         for i in range(queries):
             a = agree[i]
@@ -94,8 +105,19 @@ def plan(sample, *, n_total: int | None = None, target_recall: float = 0.95, nei
                 cost = bucket_reads * 0.01 + k * 0.3 + C * 0.25  # µs-ish weights measured on LMDB
                 if best is None or cost < best[0]:
                     grid = np.linspace(0, 1, 21)
-                    best = (cost, Plan(L, r, bits, C, recall, bucket_reads, reads,
-                                       [(float(g), float(candidate_probability(g, L, r, bits))) for g in grid]))
+                    best = (
+                        cost,
+                        Plan(
+                            L,
+                            r,
+                            bits,
+                            C,
+                            recall,
+                            bucket_reads,
+                            reads,
+                            [(float(g), float(candidate_probability(g, L, r, bits))) for g in grid],
+                        ),
+                    )
                 break
     if best is None:
         raise ValueError(f"target_recall: {target_recall} is not reachable with the layouts tried; lower it")

@@ -54,7 +54,7 @@ def test_reopen_in_new_process_gives_same_answers(location, fmnist, tmp_path):
     script = textwrap.dedent(f"""
         import json, numpy as np
         from index.index import Index
-        Q = np.load({str(tmp_path / 'q.npy')!r})
+        Q = np.load({str(tmp_path / "q.npy")!r})
         with Index.open({loc!r}, **{opts!r}) as ix:
             out = [[(n.id, round(n.similarity, 12)) for n in ix.query(q, k=10).neighbors] for q in Q]
             print(json.dumps([ix.count(), out]))
@@ -139,7 +139,9 @@ def test_recall_at_10_default_parameters(fmnist, tmp_path):
     with Index.open(tmp_path / "full", IndexConfig(dim=784)) as ix:
         for lo in range(0, 60_000, 10_000):
             ix.upsert([str(i) for i in range(lo, lo + 10_000)], X[lo : lo + 10_000])
-        S = np.vstack([gmm_matrix(Qs[i : i + 100].astype(np.float64), X.astype(np.float32)) for i in range(0, 1000, 100)])
+        S = np.vstack(
+            [gmm_matrix(Qs[i : i + 100].astype(np.float64), X.astype(np.float32)) for i in range(0, 1000, 100)]
+        )
         truth = np.argsort(-S, axis=1)[:, :10]
         hit = 0
         for qi in range(1000):
@@ -184,8 +186,9 @@ def test_sparse_high_dimensional_and_signed(location):
         idx = np.sort(rng.choice(dim, size=160, replace=False))
         rows.append((idx, rng.lognormal(size=160)))
     indptr = np.cumsum([0] + [len(r[0]) for r in rows])
-    X = sp.csr_matrix((np.concatenate([r[1] for r in rows]), np.concatenate([r[0] for r in rows]), indptr),
-                      shape=(n, dim))
+    X = sp.csr_matrix(
+        (np.concatenate([r[1] for r in rows]), np.concatenate([r[0] for r in rows]), indptr), shape=(n, dim)
+    )
     with _open(location, IndexConfig(dim=dim, storage="sparse", bands=16, rows=4)) as ix:
         ix.upsert([f"s{i}" for i in range(n)], X)
         # A near copy of row 3 finds row 3 first, in every mode that applies.
@@ -197,8 +200,12 @@ def test_sparse_high_dimensional_and_signed(location):
         np.testing.assert_array_equal(got.indices, idx)
         np.testing.assert_allclose(got.values, val.astype(np.float32))
     signed = np.random.default_rng(6).normal(size=(300, 40))
-    with _open((location[0] + "-signed", {}) if not location[0].startswith("redis") else
-               (location[0], {"prefix": location[1]["prefix"] + "s"}), IndexConfig(dim=40, bands=16, rows=2)) as ix:
+    with _open(
+        (location[0] + "-signed", {})
+        if not location[0].startswith("redis")
+        else (location[0], {"prefix": location[1]["prefix"] + "s"}),
+        IndexConfig(dim=40, bands=16, rows=2),
+    ) as ix:
         ix.upsert([str(i) for i in range(300)], signed)
         # Differs from row 0 only in its negative coordinates: GMM < 1 and it must not be treated as equal.
         q = signed[0].copy()

@@ -1,0 +1,395 @@
+"""The streaming batch build: chunks from a :class:`~index.readers.Reader` into an :class:`~index.index.Index`.
+
+Memory is bounded by the chunk size: a background thread reads (and parses)
+the next chunks while the current one is hashed on all cores by
+``Index.upsert`` and written as one transaction, and at most ``prefetch``
+chunks wait in between.
+
+Interrupting is safe, and running the same build again finishes the job:
+
+* every chunk is one ``upsert``, which writes all or nothing (one LMDB
+  transaction; on Redis each vector becomes visible atomically);
+* Ctrl-C / SIGTERM asks the build to stop *after* the chunk being written
+  (a second Ctrl-C aborts at once, still leaving only whole vectors);
+* on a re-run, a chunk whose rows are all stored exactly as in the input
+  (same ids, vectors at stored precision, metadata) is skipped
+  (``resume=True``); any other chunk is upserted again, which is idempotent
+  by id. So a re-run of an
+  interrupted or killed build ends with the same ids, vectors and sketches as
+  an uninterrupted one, and an input that changed since is written again.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from core.validate import VectorError
+from index.readers import Chunk, InputFormatError, Reader
+
+
+@dataclass
+class BuildSummary:
+    """What a build did. ``vectors`` were written by this run; ``skipped`` were already there."""
+
+    rows: int = 0
+    vectors: int = 0
+    skipped: int = 0
+    invalid: int = 0
+    seconds: float = 0.0
+    count: int = 0
+    index_bytes: int | None = None
+    interrupted: bool = False
+
+    @property
+    def vectors_per_s(self) -> float:
+        return self.vectors / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["vectors_per_s"] = round(self.vectors_per_s, 1)
+        d["seconds"] = round(self.seconds, 3)
+        return d
+
+    def describe(self) -> str:
+        """One human line for the end of ``gmmlsh build``."""
+        parts = [f"{self.vectors:,} vectors written in {self.seconds:.1f} s ({self.vectors_per_s:,.0f} vectors/s)"]
+        if self.skipped:
+            parts.append(f"{self.skipped:,} already in the index (skipped)")
+        if self.invalid:
+            parts.append(f"{self.invalid:,} invalid rows left out")
+        size = f", {_human_bytes(self.index_bytes)}" if self.index_bytes is not None else ""
+        parts.append(f"index now holds {self.count:,} vectors{size}")
+        line = "; ".join(parts)
+        if self.interrupted:
+            line = "interrupted: " + line + ". Run the same command again to finish."
+        return line
+
+
+def _human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def index_bytes(index) -> int | None:
+    """Bytes the index occupies, as its store reports them (LMDB: data file size)."""
+    try:
+        info = index.store.info()
+    except Exception:  # noqa: BLE001 - a size is nice to have, never worth failing a build
+        return None
+    for key in ("bytes", "used_memory", "memory_bytes"):
+        if isinstance(info.get(key), int):
+            return int(info[key])
+    path = info.get("path")
+    if path and Path(path).is_dir():
+        return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())
+    return None
+
+
+# --- validation -------------------------------------------------------------------
+
+
+def invalid_rows(X) -> list[tuple[int, str]]:
+    """(row, problem) for each row ``Index.upsert`` would refuse: non-finite values, all zeros."""
+    bad: dict[int, str] = {}
+    if sp.issparse(X):
+        X = sp.csr_matrix(X)
+        row_of = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+        nonfinite = ~np.isfinite(X.data)
+        for r in np.unique(row_of[nonfinite]).tolist():
+            bad[r] = "values must be finite (found NaN or infinity)"
+        live = np.bincount(row_of[(X.data != 0) & ~nonfinite], minlength=X.shape[0])
+        for r in np.flatnonzero(live == 0).tolist():
+            bad.setdefault(r, "all-zero vector (no nonzero feature): GMM is undefined for it")
+    else:
+        finite = np.isfinite(X).all(axis=1)
+        for r in np.flatnonzero(~finite).tolist():
+            bad[r] = "values must be finite (found NaN or infinity)"
+        zero = ~(X != 0).any(axis=1)
+        for r in np.flatnonzero(zero).tolist():
+            bad.setdefault(r, "all-zero vector: GMM is undefined for it")
+    return sorted(bad.items())
+
+
+def _take(chunk: Chunk, keep: np.ndarray) -> tuple[list[str], object, list | None]:
+    ids = [chunk.ids[i] for i in keep.tolist()]
+    X = chunk.X[keep]
+    meta = [chunk.metadata[i] for i in keep.tolist()] if chunk.metadata is not None else None
+    return ids, X, meta
+
+
+def _upsert(index, chunk: Chunk, ids: list[str], X, meta) -> None:
+    """``index.upsert``, with a refused row reported at its place in the input file."""
+    try:
+        index.upsert(ids, X, meta)
+    except VectorError as exc:
+        m = re.match(r"^[a-z_]+\[(\d+)\]", exc.field or "")
+        if m is None:
+            raise InputFormatError(chunk.source, str(exc)) from None
+        i = int(m.group(1))
+        pos = chunk.ids.index(ids[i]) if i < len(ids) else i
+        raise chunk.error(pos, exc.reason) from None
+
+
+# --- resume -------------------------------------------------------------------------
+
+
+def _stored_as(index, X):
+    """``X`` rounded the way the index stores it: float32, dense or sorted CSR without zeros."""
+    if index.config.storage == "dense":
+        return (X.toarray() if sp.issparse(X) else np.asarray(X)).astype(np.float32)
+    A = sp.csr_matrix(X, dtype=np.float32)
+    A.eliminate_zeros()
+    A.sort_indices()
+    return A
+
+
+def _equal_rows(index, blobs: list[bytes], X) -> bool:
+    from index import codec
+
+    dim = index.config.dim
+    want = _stored_as(index, X)
+    if index.config.storage == "dense":
+        got, _ = codec.decode_dense(blobs, dim)
+        return got.shape == want.shape and np.array_equal(got, want)
+    got, _ = codec.decode_sparse(blobs, dim)
+    return (np.array_equal(np.diff(got.indptr), np.diff(want.indptr)) and np.array_equal(got.indices, want.indices)
+            and np.array_equal(got.data, want.data))
+
+
+def _equal_meta(blobs: list[bytes | None], metadata) -> bool:
+    import orjson
+
+    want = metadata if metadata is not None else [None] * len(blobs)
+    return all((orjson.loads(b) if b else None) == m for b, m in zip(blobs, want, strict=True))
+
+
+def chunk_done(index, chunk: Chunk) -> bool:
+    """True when every row of this chunk is already stored exactly as read (vector and metadata).
+
+    Cheap on a fresh build (one id looked up per chunk); on a re-run, three bulk
+    store reads per chunk (ids, vectors, metadata) — far less than hashing and
+    writing it again. Any difference means the chunk is written again.
+    """
+    n = len(chunk.ids)
+    if n == 0:
+        return True
+    store = getattr(index, "store", None)
+    if store is None:  # an index without a bulk store interface: per-id checks
+        return all(index.contains(i) for i in chunk.ids) and all(
+            _equal_rows_slow(index, chunk, i) for i in range(n))
+    if store.lookup([chunk.ids[-1]])[0] < 0:
+        return False
+    iids = np.asarray(store.lookup(chunk.ids), dtype=np.int64)
+    if (iids < 0).any():
+        return False
+    blobs = store.fetch(iids, "vector")
+    if any(b is None for b in blobs) or not _equal_rows(index, blobs, chunk.X):
+        return False
+    return _equal_meta(store.fetch(iids, "meta"), chunk.metadata)
+
+
+def _equal_rows_slow(index, chunk: Chunk, i: int) -> bool:
+    sv = index.get(chunk.ids[i])
+    want = _stored_as(index, chunk.X[i:i + 1])
+    if sv.indices is None:
+        return np.array_equal(sv.values, np.asarray(want)[0])
+    return np.array_equal(sv.indices, want.indices) and np.array_equal(sv.values, want.data)
+
+
+# --- signals ------------------------------------------------------------------------
+
+
+class _StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop between chunks.
+
+    A second SIGINT raises KeyboardInterrupt at once (the chunk being written is
+    then rolled back, never half-written). Only the main thread can own signals;
+    elsewhere this does nothing.
+    """
+
+    def __init__(self, log):
+        self.requested = 0
+        self.log = log
+        self._old: dict[int, object] = {}
+
+    def _handler(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.requested = signum
+        if self.log is not None:
+            name = signal.Signals(signum).name
+            print(f"\n{name}: stopping after the chunk being written (Ctrl-C again to abort now)",
+                  file=self.log, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# --- prefetch -----------------------------------------------------------------------
+
+_END = object()
+
+
+def _prefetched(chunks: Iterator[Chunk], depth: int, stop: threading.Event) -> Iterator[Chunk]:
+    """Iterate ``chunks`` in a background thread, keeping at most ``depth`` ready.
+
+    Parsing (numba, GIL released) and file I/O then overlap hashing and writing.
+    """
+    if depth <= 0:
+        yield from chunks
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work():
+        try:
+            for c in chunks:
+                if not put(c):
+                    return
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer thread
+            put(exc)
+
+    t = threading.Thread(target=work, name="gmmlsh-reader", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while True:  # unblock the producer so it can see the stop flag
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                break
+        t.join(timeout=5)
+
+
+# --- the build ----------------------------------------------------------------------
+
+
+def _progress_bar(reader: Reader, progress: bool | None, log):
+    from tqdm import tqdm
+
+    disable = (not progress) if progress is not None else None
+    return tqdm(total=reader.rows, unit=" vectors", unit_scale=True, dynamic_ncols=True, file=log,
+                disable=disable, smoothing=0.1, mininterval=0.5,
+                bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+
+
+def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: bool | None = None,
+          resume: bool = True, on_invalid: str = "error", prefetch: int = 2, log=None,
+          handle_signals: bool = True) -> BuildSummary:
+    """Stream ``reader`` into ``index``; returns what was done.
+
+    ``progress``: True/False, or None for "when stderr is a terminal".
+    ``resume``: skip chunks already stored exactly as read (see module doc);
+    False upserts everything. ``on_invalid``: ``"error"`` stops at the first
+    row the index would refuse (naming file and line/row), ``"skip"`` leaves
+    such rows out and counts them. Raises :class:`InputFormatError` for bad
+    input and whatever the store raises for storage failures; an interrupt
+    (SIGINT/SIGTERM) ends the build early with ``interrupted=True``.
+    """
+    if on_invalid not in ("error", "skip"):
+        raise ValueError(f"on_invalid: expected 'error' or 'skip', got {on_invalid!r}")
+    log = sys.stderr if log is None else log
+    if chunk_rows is not None:
+        reader.chunk_rows = chunk_rows
+    dim = index.config.dim
+    if reader.dim is None:
+        reader.dim = dim  # svmlight without a given dimension: the index's
+    elif reader.dim != dim:
+        raise InputFormatError(reader.paths[0] if len(reader.paths) == 1 else None,
+                               f"input has dimension {reader.dim}, the index has {dim}")
+    summary = BuildSummary()
+    t0 = time.perf_counter()
+    stop = threading.Event()
+    bar = _progress_bar(reader, progress, log)
+    shown_invalid = 0
+    try:
+        with _StopRequest(log if progress is not False else None) if handle_signals else _nullctx() as req:
+            for chunk in _prefetched(reader.chunks(), prefetch, stop):
+                n = len(chunk)
+                summary.rows += n
+                if resume and chunk_done(index, chunk):
+                    summary.skipped += n
+                else:
+                    ids, X, meta = chunk.ids, chunk.X, chunk.metadata
+                    bad = invalid_rows(X)
+                    if bad:
+                        if on_invalid == "error":
+                            i, problem = bad[0]
+                            raise chunk.error(i, problem)
+                        keep = np.setdiff1d(np.arange(n), [i for i, _ in bad])
+                        ids, X, meta = _take(chunk, keep)
+                        summary.invalid += len(bad)
+                        for i, problem in bad[: max(0, 5 - shown_invalid)]:
+                            bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
+                            shown_invalid += 1
+                    if len(ids):
+                        _upsert(index, chunk, ids, X, meta)
+                        summary.vectors += len(ids)
+                bar.update(n)
+                if reader.rows is None and chunk.end_byte > 0:
+                    bar.total = max(summary.rows, int(summary.rows * reader.size_bytes / chunk.end_byte))
+                if summary.skipped:
+                    bar.set_postfix_str(f"{summary.skipped:,} skipped", refresh=False)
+                if req is not None and req.requested:
+                    summary.interrupted = True
+                    break
+    finally:
+        stop.set()
+        bar.close()
+        summary.seconds = time.perf_counter() - t0
+    try:
+        summary.count = index.count()
+    except Exception:  # noqa: BLE001 - the build itself succeeded
+        summary.count = -1
+    summary.index_bytes = index_bytes(index)
+    return summary
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
