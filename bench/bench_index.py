@@ -100,7 +100,9 @@ def run(n: int, nq: int, peer: bool, workdir: Path) -> list[str]:
     res = ix.query_batch(Q, k=10)
     batched_qps = nq / (time.perf_counter() - t)
     found = [{int(nb.id) for nb in r.neighbors} for r in res]
-    rows.append(("lsh default, query_batch", recall_at(found, truth), batched_qps, np.mean([r.candidates for r in res])))
+    rows.append(
+        ("lsh default, query_batch", recall_at(found, truth), batched_qps, np.mean([r.candidates for r in res]))
+    )
     t = time.perf_counter()
     res = [ix.query(q, k=10, mode="exact") for q in Q[:20]]
     index_exact = 20 / (time.perf_counter() - t)
@@ -131,20 +133,31 @@ def run(n: int, nq: int, peer: bool, workdir: Path) -> list[str]:
             t = time.perf_counter()
             idx, _ = nnd.query(Q, k=10, epsilon=eps)
             dt = time.perf_counter() - t
-            peer_rows.append((f"pynndescent epsilon={eps}", recall_at([set(r.tolist()) for r in idx], truth), nq / dt, None))
+            peer_rows.append(
+                (f"pynndescent epsilon={eps}", recall_at([set(r.tolist()) for r in idx], truth), nq / dt, None)
+            )
 
     lines += ["| method | recall@10 | queries/s (1 thread) | vectors scored / query |", "|---|---|---|---|"]
     for name, rec, qps, c in rows + peer_rows:
         lines.append(f"| {name} | {rec:.4f} | {qps:,.0f} | {'' if c is None else f'{c:,.0f}'} |")
-    lines += ["", "| build | seconds | vectors/s |", "|---|---|---|",
-              f"| gmmlsh (hash + LMDB write, 2 threads) | {build_s:.1f} | {n / build_s:,.0f} |"]
+    lines += [
+        "",
+        "| build | seconds | vectors/s |",
+        "|---|---|---|",
+        f"| gmmlsh (hash + LMDB write, 2 threads) | {build_s:.1f} | {n / build_s:,.0f} |",
+    ]
     if peer_build:
         lines.append(f"| pynndescent warm build + prepare (1 thread) | {peer_build:.1f} | {n / peer_build:,.0f} |")
-    lines += ["", f"- inserts after the build (batches of 1,000, 2 threads): {insert_rate:,.0f} vectors/s",
-              f"- LMDB disk bytes per vector: {per_vec:,.0f} (raw float32 vector: {784 * 4:,})"]
+    lines += [
+        "",
+        f"- inserts after the build (batches of 1,000, 2 threads): {insert_rate:,.0f} vectors/s",
+        f"- LMDB disk bytes per vector: {per_vec:,.0f} (raw float32 vector: {784 * 4:,})",
+    ]
     default = rows[2]
-    lines.append(f"- default lsh ({default[0]}): {default[2] / exact_single:.1f}× the in-memory exact scan "
-                 f"(one query), {default[2] / exact_batched:.1f}× batched exact, {default[2] / index_exact:.0f}× exact via index")
+    lines.append(
+        f"- default lsh ({default[0]}): {default[2] / exact_single:.1f}× the in-memory exact scan "
+        f"(one query), {default[2] / exact_batched:.1f}× batched exact, {default[2] / index_exact:.0f}× exact via index"
+    )
     if peer_rows:
         lines.append(f"- build: {peer_build / build_s:.1f}× faster than pynndescent's warm build")
     return lines

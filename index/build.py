@@ -14,13 +14,14 @@ Interrupting is safe, and running the same build again finishes the job:
 * on a re-run, a chunk whose rows are all stored exactly as in the input
   (same ids, vectors at stored precision, metadata) is skipped
   (``resume=True``); any other chunk is upserted again, which is idempotent
-  by id. So a re-run of an
-  interrupted or killed build ends with the same ids, vectors and sketches as
-  an uninterrupted one, and an input that changed since is written again.
+  by id. So a re-run of an interrupted or killed build ends with the same
+  ids, vectors and sketches as an uninterrupted one, and rows that changed
+  in the input since are written again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import signal
@@ -29,7 +30,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
@@ -49,6 +49,7 @@ class BuildSummary:
     seconds: float = 0.0
     count: int = 0
     index_bytes: int | None = None
+    index_bytes_kind: str = "data file"
     interrupted: bool = False
 
     @property
@@ -68,7 +69,11 @@ class BuildSummary:
             parts.append(f"{self.skipped:,} already in the index (skipped)")
         if self.invalid:
             parts.append(f"{self.invalid:,} invalid rows left out")
-        size = f", {_human_bytes(self.index_bytes)}" if self.index_bytes is not None else ""
+        size = ""
+        if self.index_bytes is not None:
+            size = f", {_human_bytes(self.index_bytes)}"
+            if self.index_bytes_kind != "data file":
+                size += f" ({self.index_bytes_kind})"
         parts.append(f"index now holds {self.count:,} vectors{size}")
         line = "; ".join(parts)
         if self.interrupted:
@@ -87,19 +92,22 @@ def _human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def index_bytes(index) -> int | None:
-    """Bytes the index occupies, as its store reports them (LMDB: data file size)."""
+def index_size(index) -> tuple[int | None, str]:
+    """(bytes, what they measure): LMDB's data file, or the whole Redis server's memory."""
     try:
         info = index.store.info()
     except Exception:  # noqa: BLE001 - a size is nice to have, never worth failing a build
-        return None
-    for key in ("bytes", "used_memory", "memory_bytes"):
-        if isinstance(info.get(key), int):
-            return int(info[key])
-    path = info.get("path")
-    if path and Path(path).is_dir():
-        return sum(p.stat().st_size for p in Path(path).iterdir() if p.is_file())
-    return None
+        return None, "size unknown"
+    if isinstance(info.get("bytes"), int):
+        return int(info["bytes"]), "data file"
+    if isinstance(info.get("used_memory"), int):
+        return int(info["used_memory"]), "Redis server memory, all keys"
+    return None, "size unknown"
+
+
+def index_bytes(index) -> int | None:
+    """Bytes the index occupies as its store reports them (see :func:`index_size`)."""
+    return index_size(index)[0]
 
 
 # --- validation -------------------------------------------------------------------
@@ -345,7 +353,7 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     bar = _progress_bar(reader, progress, log)
     shown_invalid = 0
     try:
-        with _StopRequest(log if progress is not False else None) if handle_signals else _nullctx() as req:
+        with _StopRequest(log) if handle_signals else contextlib.nullcontext() as req:
             for chunk in _prefetched(reader.chunks(), prefetch, stop):
                 n = len(chunk)
                 summary.rows += n
@@ -383,13 +391,5 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
         summary.count = index.count()
     except Exception:  # noqa: BLE001 - the build itself succeeded
         summary.count = -1
-    summary.index_bytes = index_bytes(index)
+    summary.index_bytes, summary.index_bytes_kind = index_size(index)
     return summary
-
-
-class _nullctx:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None

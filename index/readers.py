@@ -51,8 +51,10 @@ import scipy.sparse as sp
 from numba import njit
 
 #: Rows per chunk are chosen so that a chunk holds about this many values
-#: (32 MiB as float64), within [_MIN_ROWS, _MAX_ROWS].
-CHUNK_VALUES = 4 << 20
+#: (16 MiB as float64), within [_MIN_ROWS, _MAX_ROWS]. The index makes a few
+#: working copies of a chunk while hashing it, so this sets most of the build's
+#: memory beyond the libraries (~160 MB) and the store's mapped pages.
+CHUNK_VALUES = 2 << 20
 _MIN_ROWS = 64
 _MAX_ROWS = 8192
 #: Bytes of text parsed per block (a chunk never spans two blocks).
@@ -132,19 +134,139 @@ class Chunk:
 _P10 = np.array([10.0 ** i for i in range(23)])  # exact doubles 1e0 .. 1e22
 
 
+def _pow5_table() -> tuple[np.ndarray, np.ndarray]:
+    """128-bit approximations of 5^q, q in [-342, 308], normalised to a set top bit (Eisel-Lemire).
+
+    q ≥ 0: 5^q truncated; q < 0: 2^b / 5^-q rounded up, as in Lemire, "Number
+    Parsing at a Gigabyte per Second" (2021). Built with exact integers at import.
+    """
+    hi, lo = [], []
+    for q in range(-342, 309):
+        if q < 0:
+            p = 5 ** -q
+            z = (p - 1).bit_length()  # smallest z with 2^z >= p
+            if q >= -27:
+                c = (1 << (z + 127)) // p + 1
+            else:
+                c = (1 << (2 * z + 128)) // p + 1
+                while c >= 1 << 128:
+                    c >>= 1
+        else:
+            c = 5 ** q
+            while c < 1 << 127:
+                c <<= 1
+            while c >= 1 << 128:
+                c >>= 1
+        hi.append(c >> 64)
+        lo.append(c & ((1 << 64) - 1))
+    return np.array(hi, dtype=np.uint64), np.array(lo, dtype=np.uint64)
+
+
+_POW5_HI, _POW5_LO = _pow5_table()
+_U32 = np.uint64(0xFFFFFFFF)
+_U64MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
 @njit(nogil=True, cache=True)
 def _is_ws(c) -> bool:
     return c == 32 or c == 9 or c == 13
 
 
 @njit(nogil=True, cache=True)
+def _mul128(a, b):
+    """Full 64×64 → 128-bit product of two uint64, as (low, high)."""
+    a_lo = a & _U32
+    a_hi = a >> np.uint64(32)
+    b_lo = b & _U32
+    b_hi = b >> np.uint64(32)
+    p0 = a_lo * b_lo
+    p1 = a_lo * b_hi
+    p2 = a_hi * b_lo
+    p3 = a_hi * b_hi
+    mid = (p0 >> np.uint64(32)) + (p1 & _U32) + (p2 & _U32)
+    low = (p0 & _U32) | (mid << np.uint64(32))
+    high = p3 + (p1 >> np.uint64(32)) + (p2 >> np.uint64(32)) + (mid >> np.uint64(32))
+    return low, high
+
+
+@njit(nogil=True, cache=True)
+def _clz(w):
+    n = 0
+    if (w >> np.uint64(32)) == 0:
+        n += 32
+        w = w << np.uint64(32)
+    if (w >> np.uint64(48)) == 0:
+        n += 16
+        w = w << np.uint64(16)
+    if (w >> np.uint64(56)) == 0:
+        n += 8
+        w = w << np.uint64(8)
+    if (w >> np.uint64(60)) == 0:
+        n += 4
+        w = w << np.uint64(4)
+    if (w >> np.uint64(62)) == 0:
+        n += 2
+        w = w << np.uint64(2)
+    if (w >> np.uint64(63)) == 0:
+        n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _eisel_lemire(q, w):
+    """w·10^q (w a nonzero uint64) correctly rounded to a double: (value, ok).
+
+    ok=False where 128 bits cannot decide the rounding (rare; Python decides).
+    """
+    if q < -342:
+        return 0.0, True
+    if q > 308:
+        return np.inf, True
+    lz = _clz(w)
+    w = w << np.uint64(lz)
+    idx = q + 342
+    low, high = _mul128(w, _POW5_HI[idx])
+    if (high & np.uint64(0x1FF)) == np.uint64(0x1FF):
+        _, high2 = _mul128(w, _POW5_LO[idx])
+        low = low + high2
+        if high2 > low:
+            high = high + np.uint64(1)
+    if low == _U64MAX and (q < -27 or q > 55):
+        return 0.0, False
+    upper = np.int64(high >> np.uint64(63))
+    shift = np.uint64(upper + 9)
+    mantissa = high >> shift
+    power2 = ((q * (152170 + 65536)) >> 16) + 63 + upper - lz + 1023
+    if power2 <= 0:
+        if -power2 + 1 >= 64:
+            return 0.0, True
+        mantissa = mantissa >> np.uint64(-power2 + 1)
+        mantissa = mantissa + (mantissa & np.uint64(1))
+        mantissa = mantissa >> np.uint64(1)
+        return math.ldexp(float(mantissa), -1074), True
+    if (low <= np.uint64(1) and q >= -4 and q <= 23 and (mantissa & np.uint64(3)) == np.uint64(1)
+            and (mantissa << shift) == high):
+        mantissa = mantissa & ~np.uint64(1)
+    mantissa = mantissa + (mantissa & np.uint64(1))
+    mantissa = mantissa >> np.uint64(1)
+    if mantissa >= (np.uint64(2) << np.uint64(52)):
+        mantissa = np.uint64(1) << np.uint64(52)
+        power2 += 1
+    if power2 >= 0x7FF:
+        return np.inf, True
+    return math.ldexp(float(mantissa), power2 - 1075), True
+
+
+@njit(nogil=True, cache=True)
 def _parse_float(buf, s, e, p10):
     """Parse ``buf[s:e]`` as a decimal number. Returns (value, ok).
 
-    Exact or nothing: the significand (≤ 2^53) and the power of ten (|e| ≤ 22)
-    are both exact doubles, so one multiplication or division rounds correctly
-    and the result equals Python's ``float()``. Anything else (more digits,
-    ``nan``, ``1e400``, garbage) returns ok=False and is left to Python.
+    Exact or nothing. Up to 19 significant digits: Clinger's fast path (one
+    correctly rounded IEEE operation on exact operands) or else Eisel-Lemire
+    with 128-bit powers of five; more digits: Eisel-Lemire on the truncated
+    and the rounded-up significand, accepted when both agree. The result then
+    equals Python's ``float()``. Anything else (``nan``, an undecidable
+    rounding, garbage) returns ok=False and is left to Python.
     """
     if s >= e:
         return 0.0, False
@@ -155,11 +277,11 @@ def _parse_float(buf, s, e, p10):
         s += 1
     elif c == 43:
         s += 1
-    m = 0
+    m = np.uint64(0)
     nd = 0
     exp10 = 0
     digits = 0
-    exact = True
+    truncated = False
     while s < e:
         d = np.int64(buf[s]) - 48
         if d < 0 or d > 9:
@@ -167,13 +289,13 @@ def _parse_float(buf, s, e, p10):
         digits += 1
         if m == 0 and d == 0:
             pass
-        elif nd < 18:
-            m = m * 10 + d
+        elif nd < 19:
+            m = m * np.uint64(10) + np.uint64(d)
             nd += 1
         else:
             exp10 += 1
             if d != 0:
-                exact = False
+                truncated = True
         s += 1
     if s < e and buf[s] == 46:
         s += 1
@@ -184,12 +306,12 @@ def _parse_float(buf, s, e, p10):
             digits += 1
             if m == 0 and d == 0:
                 exp10 -= 1
-            elif nd < 18:
-                m = m * 10 + d
+            elif nd < 19:
+                m = m * np.uint64(10) + np.uint64(d)
                 nd += 1
                 exp10 -= 1
             elif d != 0:
-                exact = False
+                truncated = True
             s += 1
     if digits == 0:
         return 0.0, False
@@ -212,17 +334,23 @@ def _parse_float(buf, s, e, p10):
         if ed == 0:
             return 0.0, False
         exp10 += -ev if eneg else ev
-    if s != e or not exact:
+    if s != e:
         return 0.0, False
     if m == 0:
         return (-0.0 if neg else 0.0), True
-    if m > 9007199254740992 or exp10 < -22 or exp10 > 22:
+    if not truncated and m <= np.uint64(9007199254740992) and -22 <= exp10 <= 22:
+        v = float(m)
+        if exp10 >= 0:
+            v = v * p10[exp10]
+        else:
+            v = v / p10[-exp10]
+        return (-v if neg else v), True
+    v, ok = _eisel_lemire(exp10, m)
+    if ok and truncated:
+        v2, ok2 = _eisel_lemire(exp10, m + np.uint64(1))
+        ok = ok2 and v2 == v
+    if not ok:
         return 0.0, False
-    v = float(m)
-    if exp10 >= 0:
-        v = v * p10[exp10]
-    else:
-        v = v / p10[-exp10]
     return (-v if neg else v), True
 
 
@@ -842,6 +970,7 @@ class _TextReader(_FileReader):
         line0 = first_line
         row = 0
         step = self.rows_per_chunk()
+        start = raw.tell()
         while True:
             block = _read_block(f, BLOCK_BYTES)
             if not block:
@@ -852,9 +981,11 @@ class _TextReader(_FileReader):
             n = X.shape[0]
             for a in range(0, n, step):
                 b = min(a + step, n)
+                # progress: the share of the block's bytes these rows stand for
                 yield _Block(row + a, X[a:b], None if meta is None else meta[a:b],
-                             None if ids is None else ids[a:b], lines[a:b], end)
+                             None if ids is None else ids[a:b], lines[a:b], start + (end - start) * b // n)
             row += n
+            start = end
 
 
 class SvmlightReader(_TextReader):

@@ -18,6 +18,7 @@ when it opens.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -103,11 +104,21 @@ def _is_missing(exc: Exception) -> bool:
 
 
 def _warm_up(index: Index) -> None:
-    """Compile the query path's numba kernels now, not on the first user's request."""
+    """Compile the query path's numba kernels now, not on the first user's request;
+    then load the stored sketches and vectors into this worker's caches in the background
+    (queries are correct meanwhile, only slower)."""
     try:
         index.query(np.ones(index.config.dim), k=1, mode="lsh")
     except Exception as exc:  # noqa: BLE001 - a failed warm-up must not stop the server
         log.warning("query warm-up failed: %s", exc)
+
+    def fill() -> None:
+        try:
+            log.info("cache warm-up: %d sketches loaded", index.warm())
+        except Exception as exc:  # noqa: BLE001 - the caches also fill on demand
+            log.warning("cache warm-up stopped: %s", exc)
+
+    threading.Thread(target=fill, name="gmmlsh-warm-up", daemon=True).start()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -1,0 +1,491 @@
+"""The batch build and the ``gmmlsh`` command line, end to end on real files, real LMDB and a real redis-server.
+
+Acceptance (batch build issue):
+1. Fashion-MNIST as .npy, .csv and svmlight → identical sketches and query answers.
+2. A LIBSVM file with 55,000+ features builds and answers queries.
+3. A build killed with SIGINT and with SIGKILL mid-way, then re-run, equals an
+   uninterrupted build (ids, sketches, answers).
+4. Peak RSS building from a 2 GB .npy stays under 600 MB.
+5. What a build writes is served by ``gmmlsh serve`` unchanged (LMDB and Redis).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from redis_fixtures import redis_url  # noqa: F401  (session fixture)
+
+from index.build import build, invalid_rows
+from index.config import IndexConfig
+from index.index import Index
+from index.readers import InputFormatError, open_reader
+from service.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SUBCOMMANDS = ["build", "serve", "query", "info", "check", "bench"]
+SMALL = ["--bands", "16", "--rows", "4"]  # k = 64: quick to hash, plenty for the checks here
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GMMLSH_")}
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``gmmlsh ARGS`` as a subprocess (the way users run it)."""
+    return subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, env=env or cli_env(), timeout=timeout)
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``gmmlsh ARGS`` in this process: (exit code, stdout, stderr)."""
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_svm(path: Path, X, labels, fmt=lambda v: str(int(v))) -> None:
+    with open(path, "w") as f:
+        for i, row in enumerate(X):
+            nz = np.flatnonzero(row)
+            f.write(f"{labels[i]} " + " ".join(f"{j + 1}:{fmt(row[j])}" for j in nz) + "\n")
+
+
+def snapshot(location: str, **kw) -> dict[str, bytes]:
+    """external id → stored sketch bytes, for every vector of an index."""
+    with Index.open(location, None, create=False, **kw) as ix:
+        out: dict[str, bytes] = {}
+        for iids, blobs in ix.store.scan("sketch"):
+            for name, blob in zip(ix.store.external_ids(iids), blobs, strict=True):
+                out[name] = bytes(blob)
+        return out
+
+
+def answers(location: str, queries, ids=(), k: int = 10, **kw) -> list:
+    """(id, similarity) lists of LSH and exact queries by vector and by stored id."""
+    out = []
+    with Index.open(location, None, create=False, **kw) as ix:
+        for q in queries:
+            for mode in ("lsh", "exact"):
+                r = ix.query(q, k=k, mode=mode)
+                out.append([(n.id, n.similarity) for n in r.neighbors])
+        for i in ids:
+            r = ix.query(id=i, k=k)
+            out.append([(n.id, n.similarity) for n in r.neighbors])
+    return out
+
+
+def count(location: str, **kw) -> int:
+    try:
+        with Index.open(location, None, create=False, **kw) as ix:
+            return ix.count()
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def fm(fmnist):
+    """3,000 training rows with labels, and 20 test rows as queries."""
+    return fmnist[0][:3000], fmnist[1][:3000], fmnist[2][:20]
+
+
+# --- help, usage, errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS + [None])
+def test_help_of_every_command_says_what_it_does_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(([command] if command else []) + ["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    assert "Example" in out and "gmmlsh" in out
+    if command not in (None, "bench"):
+        assert "--index" in out and "--redis" in out and "GMMLSH_" in out
+
+
+def test_usage_errors_exit_2_with_one_line(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((3, 4)))
+    r = run_cli("build", tmp_path / "x.npy")  # no index location
+    assert r.returncode == 2 and "give --index DIR or --redis URL" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--redis", "redis://x")
+    assert r.returncode == 2 and "not both" in r.stderr
+    r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--bands", "zero")
+    assert r.returncode == 2 and "--bands" in r.stderr
+    r = run_cli("query", "--index", tmp_path / "none", "--id", "1")
+    assert r.returncode == 2 and "no index at" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_malformed_input_names_file_and_line_without_traceback(tmp_path):
+    bad = tmp_path / "data.svm"
+    bad.write_text("1 1:1 2:2\n" * 16 + "1 x3:1\n")
+    r = run_cli("build", bad, "--index", tmp_path / "i", "--dim", "4", "--no-progress")
+    assert r.returncode == 2, r.stderr
+    assert "data.svm:17: index 'x3' is not an integer" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_cli("--debug", "build", bad, "--index", tmp_path / "i2", "--dim", "4", "--no-progress")
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_invalid_rows_stop_the_build_or_are_skipped(tmp_path, capsys):
+    csv = tmp_path / "z.csv"
+    csv.write_text("a,b\n1,2\n0,0\n3,4\nnan,1\n")
+    code, _, err = cli(capsys, "build", csv, "--index", tmp_path / "i", *SMALL, "--no-progress")
+    assert code == 2 and "z.csv:3: all-zero vector" in err
+    assert count(str(tmp_path / "i")) == 0  # nothing of the bad chunk was written
+    code, out, err = cli(capsys, "build", csv, "--index", tmp_path / "i", *SMALL, "--no-progress",
+                         "--skip-invalid", "--json")
+    assert code == 0, err
+    s = json.loads(out)
+    assert (s["vectors"], s["invalid"], s["count"]) == (2, 2, 2)
+    assert "z.csv:5: values must be finite" in err
+    assert [r for r, _ in invalid_rows(np.array([[1.0, 0], [0, 0], [np.inf, 1]]))] == [1, 2]
+    assert [r for r, _ in invalid_rows(sp.csr_matrix(np.array([[1.0, 0], [0, 0]])))] == [1]
+
+
+def test_existing_index_keeps_its_parameters(tmp_path, capsys):
+    X = np.random.default_rng(0).random((50, 8)) + 0.1
+    np.save(tmp_path / "x.npy", X)
+    idx = tmp_path / "i"
+    assert cli(capsys, "build", tmp_path / "x.npy", "--index", idx, *SMALL, "--no-progress")[0] == 0
+    code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--bands", "8", "--no-progress")
+    assert code == 2 and "exists with other parameters: bands 8 (index has 16)" in err
+    code, out, _ = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--no-progress", "--json")
+    assert code == 0 and json.loads(out)["skipped"] == 50
+    code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--no-progress", "--dim", "9")
+    assert code == 2 and "has dimension 8, expected 9" in err
+
+
+def test_environment_supplies_defaults(tmp_path, monkeypatch, capsys):
+    X = np.random.default_rng(1).random((40, 6)) + 0.1
+    np.save(tmp_path / "x.npy", X)
+    monkeypatch.setenv("GMMLSH_INDEX", str(tmp_path / "envidx"))
+    monkeypatch.setenv("GMMLSH_BANDS", "8")
+    monkeypatch.setenv("GMMLSH_ROWS", "2")
+    code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--no-progress")
+    assert code == 0, err
+    code, out, _ = cli(capsys, "info", "--json")
+    info = json.loads(out)
+    assert (info["count"], info["config"]["bands"], info["config"]["rows"]) == (40, 8, 2)
+    monkeypatch.setenv("GMMLSH_CHUNK_ROWS", "-3")
+    with pytest.raises(SystemExit) as ei:
+        main(["build", str(tmp_path / "x.npy")])
+    assert ei.value.code == 2
+
+
+def test_check_and_bench_hooks(tmp_path, capsys):
+    X = np.random.default_rng(2).random((30, 5)) + 0.1
+    np.save(tmp_path / "x.npy", X)
+    assert cli(capsys, "build", tmp_path / "x.npy", "--index", tmp_path / "i", *SMALL, "--no-progress")[0] == 0
+    code, out, err = cli(capsys, "check", "--index", tmp_path / "i")
+    if hasattr(Index, "check"):
+        assert code == 0 and "OK" in out, out + err
+        code, out, err = cli(capsys, "check", "--index", tmp_path / "i", "--json")
+        assert code == 0 and json.loads(out)["ok"] is True and json.loads(out)["vectors"] == 30
+    else:
+        assert code == 2 and "not implemented yet" in err
+    code, out, _ = cli(capsys, "bench", "--list")
+    assert code == 0
+
+
+def test_ids_file_inline_vector_info_and_plan(tmp_path, fm, capsys):
+    X, y, Q = fm
+    np.save(tmp_path / "f.npy", X[:1000])
+    (tmp_path / "ids.txt").write_text("".join(f"img-{i}\n" for i in range(1000)))
+    idx = tmp_path / "idx"
+    code, out, err = cli(capsys, "build", tmp_path / "f.npy", "--index", idx, "--ids", tmp_path / "ids.txt",
+                         "--plan", "--plan-sample", "600", "--target-recall", "0.8", "--no-progress")
+    assert code == 0, err
+    assert "plan:" in err and "1,000 vectors written" in out
+    with Index.open(str(idx), None, create=False) as ix:
+        assert ix.contains("img-999") and not ix.contains("999")
+        assert "candidates" in ix.config.extra and ix.config.extra["plan"]["bands"] == ix.config.bands
+    code, out, _ = cli(capsys, "info", "--index", idx)
+    assert code == 0 and "vectors    1,000" in out and "bands" in out and "rerank" in out
+    code, out, _ = cli(capsys, "query", "--index", idx, "--vector", ",".join(str(int(v)) for v in X[5]),
+                       "-k", "1", "--mode", "exact", "--json")
+    assert code == 0 and json.loads(out)["neighbors"][0] == {"id": "img-5", "similarity": 1.0, "metadata": None}
+    code, _, err = cli(capsys, "query", "--index", idx, "--vector", "1,2,3")
+    assert code == 2 and "expected 784 values" in err
+
+
+# --- the build as a library ---------------------------------------------------------------------
+
+
+def test_build_streams_chunks_and_resumes(tmp_path):
+    rng = np.random.default_rng(3)
+    X = rng.random((1000, 16)) + 0.01
+    np.save(tmp_path / "x.npy", X)
+    cfg = IndexConfig(dim=16, bands=8, rows=2)
+    with Index.open(str(tmp_path / "i"), cfg) as ix:
+        s = build(ix, open_reader(tmp_path / "x.npy"), chunk_rows=128, progress=False)
+        assert (s.rows, s.vectors, s.skipped, s.count) == (1000, 1000, 0, 1000)
+        assert s.index_bytes and s.index_bytes > 0 and s.vectors_per_s > 0
+        s = build(ix, open_reader(tmp_path / "x.npy"), chunk_rows=128, progress=False)
+        assert (s.vectors, s.skipped) == (0, 1000)
+        # a changed input is written again, not skipped
+        X[500, 3] += 1.0
+        np.save(tmp_path / "x.npy", X)
+        s = build(ix, open_reader(tmp_path / "x.npy"), chunk_rows=128, progress=False)
+        assert s.vectors == 128 and s.skipped == 872
+        assert np.array_equal(ix.get("500").values, X[500].astype(np.float32))
+        s = build(ix, open_reader(tmp_path / "x.npy"), chunk_rows=128, progress=False, resume=False)
+        assert s.vectors == 1000 and s.count == 1000
+    with Index.open(str(tmp_path / "j"), IndexConfig(dim=17)) as ix, pytest.raises(InputFormatError,
+                                                                                  match="dimension 16"):
+        build(ix, open_reader(tmp_path / "x.npy"), progress=False)
+
+
+# --- acceptance 1: three formats, one index ---------------------------------------------------
+
+
+def test_fmnist_as_npy_csv_svmlight_builds_identical_indexes(tmp_path, fm, capsys):
+    X, y, Q = fm
+    np.save(tmp_path / "f.npy", X)
+    np.savetxt(tmp_path / "f.csv", X, fmt="%d", delimiter=",")
+    write_svm(tmp_path / "f.svm", X, y)
+    locs = {}
+    for name, extra in [("f.npy", []), ("f.csv", []), ("f.svm", ["--dim", "784"]), ("f.svm", ["--storage", "dense"])]:
+        loc = str(tmp_path / f"idx-{name}-{len(extra)}-{extra[-1] if extra else ''}")
+        code, out, err = cli(capsys, "build", tmp_path / name, "--index", loc, "--no-progress", "--json", *extra)
+        assert code == 0, err
+        assert json.loads(out)["count"] == 3000
+        locs[(name, tuple(extra))] = loc
+    snaps = [snapshot(loc) for loc in locs.values()]
+    assert len(snaps[0]) == 3000 and set(snaps[0]) == {str(i) for i in range(3000)}
+    for s in snaps[1:]:
+        assert s == snaps[0]
+    results = [answers(loc, Q, ids=["0", "17", "2999"]) for loc in locs.values()]
+    assert all(len(a) == 10 for r in results for a in r)
+    for r in results[1:]:
+        assert r == results[0]
+    with Index.open(locs[("f.svm", ("--dim", "784"))], None, create=False) as ix:
+        assert ix.config.storage == "sparse" and ix.get("3").metadata == {"label": int(y[3])}
+
+
+# --- acceptance 2: a wide LIBSVM file -----------------------------------------------------------
+
+
+def test_libsvm_with_55000_plus_features_builds_and_answers(tmp_path, capsys):
+    rng = np.random.default_rng(12)
+    n, d, groups = 2000, 60000, 40
+    pools = [rng.choice(d, size=150, replace=False) for _ in range(groups)]  # each group's vocabulary
+    weights = [dict(zip(p.tolist(), (rng.random(150) * 10 + 0.5).tolist(), strict=True)) for p in pools]
+    with open(tmp_path / "wide.libsvm", "w") as f:
+        for i in range(n):
+            g = i % groups
+            feats = np.union1d(rng.choice(pools[g], 135, replace=False), rng.choice(d, 15, replace=False))
+            vals = np.round([weights[g].get(j, 1.0) * rng.uniform(0.8, 1.25) for j in feats.tolist()], 3)
+            f.write(f"{i % 5} " + " ".join(f"{j + 1}:{v:g}" for j, v in zip(feats, vals, strict=True)) + "\n")
+    idx = tmp_path / "wide"
+    code, out, err = cli(capsys, "build", tmp_path / "wide.libsvm", "--index", idx, "--no-progress", "--json")
+    assert code == 0, err
+    assert "scanning" in err
+    s = json.loads(out)
+    assert s["count"] == n
+    with Index.open(str(idx), None, create=False) as ix:
+        dim = ix.config.dim
+        assert dim >= 55000 and ix.config.storage == "sparse"
+    # a vector from the file finds itself first, exactly
+    code, out, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "wide.libsvm", "--row", "123",
+                         "-k", "3", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["mode"] == "lsh" and res["neighbors"][0]["id"] == "123"
+    assert res["neighbors"][0]["similarity"] == pytest.approx(1.0)
+    assert res["neighbors"][0]["metadata"] == {"label": 123 % 5}
+    code, out, _ = cli(capsys, "query", "--index", idx, "--id", "7", "-k", "5")
+    assert code == 0 and "rank" in out and len(out.strip().splitlines()) == 7, out
+    found = [int(line.split()[1]) for line in out.strip().splitlines()[2:]]
+    assert all(i % groups == 7 % groups for i in found)  # neighbours share its vocabulary
+    code, out, err = cli(capsys, "query", "--index", idx, "--id", "nope")
+    assert code == 2 and "no vector with id 'nope'" in err
+
+
+# --- acceptance 3: interrupted builds finish to the same index ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big_input(fmnist, tmp_path_factory):
+    """12,000 Fashion-MNIST rows as .npy, and 10 queries."""
+    tmp = tmp_path_factory.mktemp("interrupt")
+    np.save(tmp / "big.npy", fmnist[0][:12000])
+    return tmp / "big.npy", fmnist[2][:10]
+
+
+def _target(backend: str, tmp: Path, request) -> tuple[list[str], str, dict]:
+    """(CLI options, location, Index.open options) of a fresh index on ``backend``."""
+    if backend == "lmdb":
+        loc = str(tmp / f"idx-{uuid.uuid4().hex[:6]}")
+        return ["--index", loc], loc, {}
+    url = request.getfixturevalue("redis_url")
+    prefix = f"i{uuid.uuid4().hex[:10]}"
+    return ["--redis", url, "--prefix", prefix], url, {"prefix": prefix}
+
+
+@pytest.mark.parametrize("backend, sig", [("lmdb", signal.SIGINT), ("lmdb", signal.SIGKILL), ("redis", signal.SIGKILL)],
+                         ids=["lmdb-SIGINT", "lmdb-SIGKILL", "redis-SIGKILL"])
+def test_interrupted_build_then_rerun_equals_uninterrupted(big_input, tmp_path, request, backend, sig):
+    data, Q = big_input
+    base = [sys.executable, "-m", "service.cli", "build", str(data), "--chunk-rows", "500", "--no-progress", *SMALL]
+    ref_opts, ref_loc, ref_kw = _target(backend, tmp_path, request)
+    r = subprocess.run(base + ref_opts, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+
+    opts, loc, kw = _target(backend, tmp_path, request)
+    proc = subprocess.Popen(base + opts, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 300
+    while count(loc, **kw) < 1000:
+        assert proc.poll() is None, f"build ended before it could be interrupted: {proc.communicate()}"
+        assert time.monotonic() < deadline, "build wrote nothing in time"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    written = count(loc, **kw)
+    assert 0 < written < 12000, "the build was not interrupted mid-way"
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, err
+        assert "interrupted" in out and "Run the same command again" in out
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    r = subprocess.run(base + opts + ["--json"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["count"] == 12000 and summary["skipped"] + summary["vectors"] == 12000
+    assert summary["skipped"] >= written - 500  # only the chunk in flight (if any) is written again
+    assert snapshot(loc, **kw) == snapshot(ref_loc, **ref_kw)
+    ids = ["0", "5000", "11999"]
+    assert answers(loc, Q, ids=ids, **kw) == answers(ref_loc, Q, ids=ids, **ref_kw)
+
+
+# --- acceptance 4: bounded memory -------------------------------------------------------------------
+
+
+def _write_big_npy(path: Path, rows: int, dim: int, nnz: int) -> None:
+    """A float32 .npy written block by block (never mapped: this process stays small)."""
+    rng = np.random.default_rng(4)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (rows, dim)})
+        step = 16384
+        for a in range(0, rows, step):
+            n = min(step, rows - a)
+            block = np.zeros((n, dim), np.float32)
+            cols = rng.integers(0, dim, size=(n, nnz))
+            block[np.arange(n)[:, None], cols] = rng.random((n, nnz)).astype(np.float32) + 0.1
+            f.write(block.tobytes())
+
+
+def _peak_rss_of(proc: subprocess.Popen, every: float = 0.02) -> int:
+    """The child's VmHWM (its own peak RSS, bytes), polled until it exits.
+
+    Not ``ru_maxrss``: a child started with vfork+exec inherits the parent's
+    high-water mark in it, so a large test process would be counted.
+    """
+    hwm = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        hwm = max(hwm, int(line.split()[1]) * 1024)
+        except OSError:
+            pass
+        time.sleep(every)
+    return hwm
+
+
+@pytest.mark.slow
+def test_peak_rss_building_from_a_2gb_npy_stays_under_600mb(tmp_path):
+    """2 GiB float32 .npy (524,288 × 1,024; 16 nonzeros per row so hashing is quick), 8 × 2 bands, sparse storage."""
+    rows, dim, nnz = 524_288, 1024, 16
+    need = rows * dim * 4
+    if shutil.disk_usage(tmp_path).free < need + (3 << 30):
+        pytest.skip(f"needs {need / 2**30 + 3:.0f} GiB free disk in {tmp_path}")
+    path = tmp_path / "big.npy"
+    _write_big_npy(path, rows, dim, nnz)
+    assert path.stat().st_size >= 2 << 30
+    cmd = [sys.executable, "-m", "service.cli", "build", str(path), "--index", str(tmp_path / "idx"),
+           "--bands", "8", "--rows", "2", "--storage", "sparse", "--no-progress", "--json"]
+    with open(tmp_path / "out", "wb") as fo, open(tmp_path / "err", "wb") as fe:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=fo, stderr=fe)
+    peak = _peak_rss_of(proc)
+    assert proc.returncode == 0, (tmp_path / "err").read_text()
+    summary = json.loads((tmp_path / "out").read_text())
+    assert summary["count"] == rows
+    print(f"peak RSS {peak / 2**20:.0f} MiB building {rows:,} rows ({need / 2**30:.1f} GiB .npy) "
+          f"in {summary['seconds']:.0f} s; index {summary['index_bytes'] / 2**20:.0f} MiB")
+    assert 0 < peak < 600 * 2**20
+
+
+# --- acceptance 5: the server serves what the build wrote ---------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "redis"])
+def test_built_index_is_served_unchanged(backend, tmp_path, fm, request):
+    import httpx
+
+    X, y, Q = fm
+    write_svm(tmp_path / "f.svm", X[:1500], y)
+    if backend == "lmdb":
+        where = ["--index", str(tmp_path / "idx")]
+    else:
+        url = request.getfixturevalue("redis_url")
+        where = ["--redis", url, "--prefix", f"b{uuid.uuid4().hex[:10]}"]
+    r = run_cli("build", tmp_path / "f.svm", *where, "--dim", "784", "--no-progress", *SMALL)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("info", *where, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["count"] == 1500
+    expected = json.loads(run_cli("query", *where, "--id", "42", "-k", "5", "--json").stdout)
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *where, "--port", str(port)],
+                            cwd=REPO, env=cli_env(GMMLSH_LOG_LEVEL="warning"), stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        got = httpx.get(f"http://127.0.0.1:{port}/neighbors", params={"id": "42", "k": 5}, timeout=30).json()
+        assert [n["id"] for n in got["neighbors"]] == [n["id"] for n in expected["neighbors"]]
+        assert [n["similarity"] for n in got["neighbors"]] == pytest.approx(
+            [n["similarity"] for n in expected["neighbors"]], abs=1e-9)
+        assert got["neighbors"][0]["metadata"] == expected["neighbors"][0]["metadata"]
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=30).json()
+        assert stats["count"] == 1500
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
