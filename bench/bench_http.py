@@ -66,8 +66,23 @@ def free_port() -> int:
 def start_server(index_dir: Path, workers: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "GMMLSH_ACCESS_LOG": "false", "GMMLSH_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--index", str(index_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)], env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--index",
+            str(index_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -81,12 +96,21 @@ def start_server(index_dir: Path, workers: int) -> tuple[subprocess.Popen, str]:
 
 
 def load(url: str, n: int, seconds: float, threads: int = 8) -> dict:
-    out = subprocess.run([sys.executable, "-c", LOAD, url, str(n), str(seconds), str(threads)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, url, str(n), str(seconds), str(threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     r = json.loads(out.stdout)
     lat = np.array(r["lat"])
-    return {"rps": r["n"] / r["seconds"], "p50": np.percentile(lat, 50) * 1e3, "p99": np.percentile(lat, 99) * 1e3,
-            "errors": r["errors"], "requests": r["n"]}
+    return {
+        "rps": r["n"] / r["seconds"],
+        "p50": np.percentile(lat, 50) * 1e3,
+        "p99": np.percentile(lat, 99) * 1e3,
+        "errors": r["errors"],
+        "requests": r["n"],
+    }
 
 
 def main(argv=None) -> None:
@@ -101,8 +125,11 @@ def main(argv=None) -> None:
     X = d["train"][:n].astype(np.float32)
     extra = d["test"][:5000].astype(np.float32)
     work = Path(tempfile.mkdtemp(prefix="gmmlsh-bench-http-"))
-    lines = [f"Fashion-MNIST, {n:,} vectors, LMDB, `GET /neighbors?id=…&k=10` from a separate load process "
-             f"(8 threads, keep-alive, {seconds:.0f} s per run).", ""]
+    lines = [
+        f"Fashion-MNIST, {n:,} vectors, LMDB, `GET /neighbors?id=…&k=10` from a separate load process "
+        f"(8 threads, keep-alive, {seconds:.0f} s per run).",
+        "",
+    ]
     try:
         numba.set_num_threads(2)
         with Index.open(work / "idx", IndexConfig(dim=784)) as ix:
@@ -125,22 +152,28 @@ def main(argv=None) -> None:
             try:
                 r = load(url, n, seconds)
                 rates[workers] = r["rps"]
-                lines.append(f"| {workers} worker(s) | {r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
-                             f"{r['errors']} of {r['requests']:,} |")
+                lines.append(
+                    f"| {workers} worker(s) | {r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
+                    f"{r['errors']} of {r['requests']:,} |"
+                )
                 if workers == 2:
                     with httpx.Client(base_url=url, timeout=120) as c:
                         t = time.perf_counter()
                         for lo in range(0, extra.shape[0], 1000):
-                            body = {"vectors": [{"id": f"x{lo + j}", "values": extra[lo + j].tolist()}
-                                                for j in range(1000)]}
+                            body = {
+                                "vectors": [{"id": f"x{lo + j}", "values": extra[lo + j].tolist()} for j in range(1000)]
+                            }
                             c.post("/vectors", json=body).raise_for_status()
                         post_rate = extra.shape[0] / (time.perf_counter() - t)
             finally:
                 proc.terminate()
                 proc.wait(30)
-        lines += ["", f"- in-process `Index.query(id=…)`, one thread: {inproc:,.0f} queries/s; HTTP with 2 workers is "
-                      f"{rates[2] / inproc:.0%} of it (1 worker: {rates[1] / inproc:.0%})",
-                  f"- `POST /vectors`, batches of 1,000 (2 workers): {post_rate:,.0f} vectors/s"]
+        lines += [
+            "",
+            f"- in-process `Index.query(id=…)`, one thread: {inproc:,.0f} queries/s; HTTP with 2 workers is "
+            f"{rates[2] / inproc:.0%} of it (1 worker: {rates[1] / inproc:.0%})",
+            f"- `POST /vectors`, batches of 1,000 (2 workers): {post_rate:,.0f} vectors/s",
+        ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = "\n".join(lines)

@@ -1,15 +1,17 @@
 """The GMM index: GCWS sketches, LSH banding, candidate ranking and exact rerank.
 
 Query (mode ``lsh``): sketch the query → read its L buckets in one store call →
-count band hits per candidate (numba) → keep the ``candidates`` with the most
-hits → exact GMM on those → top k. Ranking by hits is what makes this fast on
-real data: random Fashion-MNIST pairs have GMM ≈ 0.32, so banding alone
-touches a large share of the index, but a true neighbour (GMM ≈ 0.77) hits
-many more bands than a random vector does.
+the distinct members are the candidates → keep the ``candidates`` (C) with the
+highest sketch agreement over all k samples → exact GMM on those → top k.
+Ranking is what makes this fast on real data: random Fashion-MNIST pairs have
+GMM ≈ 0.32, so banding alone touches a large share of the index, but agreement
+over k samples estimates GMM with variance GMM(1−GMM)/k, sharp enough that the
+true top 10 sit among the best 200 (see bench/RESULTS.md).
 
 Records under an internal id never change (see :mod:`index.store`), so each
-process keeps a read cache of dense vectors indexed by iid: the rerank is then
-a numba gather over candidate rows with no store round trip per candidate.
+process keeps read caches indexed by iid — 2-bit ranking codes and dense
+vectors — filled on demand or by :meth:`Index.warm`: ranking and rerank then
+need no store round trip per candidate, and bucket reads stay fresh.
 """
 
 from __future__ import annotations

@@ -153,29 +153,35 @@ def test_recall_at_10_default_parameters(fmnist, tmp_path):
 
 
 def test_s_curve_matches_planner(fmnist, tmp_path):
-    """The share of pairs that become candidates, binned by GMM, follows 1 − (1 − p^r)^L."""
+    """The share of pairs that become candidates, binned by GMM, follows 1 − (1 − p^r)^L.
+
+    The prediction is an expectation over hash draws, while every pair in one index
+    shares the same L·r hash functions (and on Fashion-MNIST i* concentrates on a few
+    central pixels, so pairs are strongly correlated within a draw). So the observed
+    share is pooled over four independent seeds at the default layout.
+    """
     X, _, Q, _ = fmnist
-    cfg = IndexConfig(dim=784, bands=16, rows=3, bits=8)
     base = X[:4000]
-    with Index.open(tmp_path / "s", cfg) as ix:
-        ix.upsert([str(i) for i in range(4000)], base)
-        S = gmm_matrix(Q[:60].astype(np.float64), base.astype(np.float32))
-        cand = np.zeros_like(S, dtype=bool)
-        for qi in range(60):
-            iids, _ = ix.candidates(ix._codes(Q[qi : qi + 1].astype(np.float64)))
-            names = ix.store.external_ids(iids)
-            cand[qi, [int(n) for n in names]] = True
-    edges = np.linspace(0.1, 0.9, 9)
+    S = gmm_matrix(Q[:60].astype(np.float64), base.astype(np.float32))
+    cand = np.zeros((4,) + S.shape, dtype=bool)
+    for seed in range(4):
+        cfg = IndexConfig(dim=784, seed=seed)
+        with Index.open(tmp_path / f"s{seed}", cfg) as ix:
+            ix.upsert([str(i) for i in range(4000)], base)
+            for qi in range(60):
+                iids, _ = ix.candidates(ix._codes(Q[qi : qi + 1].astype(np.float64)))
+                cand[seed, qi, [int(n) for n in ix.store.external_ids(iids)]] = True
+    edges = np.linspace(0.25, 0.75, 11)
     checked = 0
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         sel = (S >= lo) & (S < hi)
-        if sel.sum() < 400:
+        if sel.sum() < 200:
             continue
         predicted = candidate_probability(S[sel], cfg.bands, cfg.rows, cfg.bits).mean()
-        observed = cand[sel].mean()
+        observed = cand[:, sel].mean()
         assert abs(observed - predicted) <= 0.05, (lo, hi, observed, predicted)
         checked += 1
-    assert checked >= 4
+    assert checked >= 6
 
 
 def test_sparse_high_dimensional_and_signed(location):
