@@ -41,9 +41,15 @@ def _pack2(codes):
     return out
 
 
-def pack2(codes: np.ndarray) -> np.ndarray:
-    """b-bit codes (n, k) → their low 2 bits packed 32 per uint64 word (n, ceil(k/32))."""
-    return _pack2(np.atleast_2d(np.asarray(codes, dtype=np.uint16)))
+def pack2(codes: np.ndarray, words: int | None = None) -> np.ndarray:
+    """b-bit codes (n, k) → their low 2 bits packed 32 per uint64 word (n, ceil(k/32)).
+
+    ``words`` pads each row with zero words (equal on both sides: a constant offset).
+    """
+    out = _pack2(np.atleast_2d(np.asarray(codes, dtype=np.uint16)))
+    if words is not None and words > out.shape[1]:
+        out = np.hstack([out, np.zeros((out.shape[0], words - out.shape[1]), dtype=np.uint64)])
+    return out
 
 
 @njit(nogil=True, cache=True)
@@ -62,3 +68,56 @@ def agreement2(q, S, rows):
             c += _popcount(~(x | (x >> np.uint64(1))) & _M01)
         out[t] = np.int32(c)
     return out
+
+
+@njit(nogil=True, cache=True)
+def _scan_scores(q, S, have, n, scores):
+    """Agreement of every row < n (−1 where ``have`` is 0): branch-free so it vectorises."""
+    w = q.shape[0]
+    for r in range(n):
+        cnt = np.uint64(0)
+        for j in range(w):
+            x = S[r, j] ^ q[j]
+            cnt += _popcount(~(x | (x >> np.uint64(1))) & _M01)
+        h = np.int32(have[r])
+        scores[r] = np.int32(cnt) * h + (h - 1)
+
+
+@njit(nogil=True, cache=True)
+def top_by_agreement(q, S, have, n, c):
+    """Rows ``< n`` with ``have`` set whose agreement with ``q`` is among the ``c`` highest.
+
+    One contiguous pass over the code matrix (the scan that replaces bucket reads
+    when every sketch of the index is in memory) and a counting selection over the
+    small integer scores, so no sort of n values. Returns (rows, scores), unordered.
+    Rows padded to a multiple of 8 words let the inner loop use whole AVX-512 registers.
+    """
+    scores = np.empty(n, dtype=np.int32)
+    _scan_scores(q, S, have, n, scores)
+    hist = np.zeros(q.shape[0] * SAMPLES_PER_WORD + 2, dtype=np.int64)
+    live = 0
+    for r in range(n):
+        s = scores[r]
+        if s >= 0:
+            hist[s] += 1
+            live += 1
+    c = min(c, live)
+    # Lowest score that still makes the cut, and how many at exactly that score fit.
+    cut = hist.shape[0] - 1
+    taken = 0
+    while cut > 0 and taken + hist[cut] < c:
+        taken += hist[cut]
+        cut -= 1
+    room = c - taken
+    rows = np.empty(c, dtype=np.int64)
+    out = np.empty(c, dtype=np.int32)
+    t = 0
+    for r in range(n):
+        s = scores[r]
+        if s > cut or (s == cut and room > 0 and s >= 0):
+            if s == cut:
+                room -= 1
+            rows[t] = r
+            out[t] = s
+            t += 1
+    return rows[:t], out[:t]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from core import gcws, nrff
-from core.agreement import SAMPLES_PER_WORD, agreement2, pack2
+from core.agreement import SAMPLES_PER_WORD, agreement2, pack2, top_by_agreement
 from core.gmm import l1_norms, score_rows
 from core.validate import VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
 from index import codec
@@ -144,6 +145,11 @@ class _RowCache:
             self.have[iids] = True
         return int(iids.shape[0])
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(values, have) as one consistent pair (a concurrent grow swaps both)."""
+        with self._lock:
+            return self.values, self.have
+
     def rows(self, iids: np.ndarray, store: Store):
         """(live iids, values, norms, rows): row ``rows[t]`` of ``values`` belongs to ``live[t]``.
 
@@ -209,15 +215,22 @@ class Index:
             if config.storage == "dense"
             else None
         )
-        # 2-bit ranking codes (k/4 bytes a vector) for the agreement pre-rank.
-        self._sketches = _RowCache(
-            "sketch", -(-config.k // SAMPLES_PER_WORD), np.uint64, self._decode_sketches, cache_bytes // 4
-        )
+        # 2-bit ranking codes (k/4 bytes a vector, padded to whole 8-word AVX-512 registers).
+        self._rank_words = -(-config.k // (8 * SAMPLES_PER_WORD)) * 8
+        self._sketches = _RowCache("sketch", self._rank_words, np.uint64, self._decode_sketches, cache_bytes // 4)
         self._scratch = threading.local()
+        # Scan state: sketches of every iid below _seen are in self._sketches (or the iid
+        # is retired); _holes are iids below it that were absent when last fetched, kept
+        # for a while because a Redis writer allocates iids before it commits them.
+        self._seen = 0
+        self._holes = np.zeros(0, dtype=np.int64)
+        self._holes_since = np.zeros(0)
+        self._holes_checked = 0.0
+        self._refresh_lock = threading.Lock()
 
     def _decode_sketches(self, blobs: list[bytes]):
         packed = np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), -1)
-        return pack2(gcws.unpack_codes(packed, self.config.k, self.config.bits)), np.zeros(len(blobs))
+        return pack2(gcws.unpack_codes(packed, self.config.k, self.config.bits), self._rank_words), np.zeros(len(blobs))
 
     # --- opening ------------------------------------------------------------------
     @classmethod
@@ -489,19 +502,73 @@ class Index:
         return _count_hits(members, self._counts(int(members.max()) + 1))
 
     def _lsh(self, q64, codes: np.ndarray, exclude: int, budget: int, bands: int | None):
-        """Bucket candidates → best ``budget`` by full-sketch agreement → exact GMM.
+        """Candidates → best ``budget`` by full-sketch agreement → exact GMM.
 
-        Agreement over all k samples (on 2-bit codes, see :mod:`core.agreement`)
-        is a far sharper ranking than the count of whole bands hit.
+        Agreement over all k samples (2-bit codes, :mod:`core.agreement`) is a far
+        sharper ranking than the count of whole bands hit. Where this process holds
+        every sketch of the index (it fits the cache), the candidates are *all*
+        vectors and the ranking is one contiguous scan: measured on Fashion-MNIST,
+        that costs less than reading the buckets, which touch ~27 % of the index on
+        such data. Otherwise, or when ``bands`` is given, the candidates are the
+        members of the query's buckets.
         """
+        if bands is None and self._refresh_sketches() >= 0:
+            S, have = self._sketches.arrays()
+            q = pack2(codes, self._rank_words)[0]
+            rows, scores = top_by_agreement(q, S, have, min(self._seen, S.shape[0]), budget + 1)
+            keep = rows != exclude  # the query's own vector, when it is asked for by id
+            rows, scores = rows[keep], scores[keep]
+            return self._score(q64, rows[_top(scores.astype(np.float64), budget)])
         iids, _ = self.candidates(codes, bands)
         if exclude >= 0:
             iids = iids[iids != exclude]
         if iids.shape[0] > budget:
             live, S, _, rows = self._sketches.rows(iids, self.store)
-            agree = agreement2(pack2(codes)[0], S, rows)
+            agree = agreement2(pack2(codes, self._rank_words)[0], S, rows)
             iids = live[_top(agree.astype(np.float64), budget)]
         return self._score(q64, iids)
+
+    def _refresh_sketches(self) -> int:
+        """Bring the sketch cache up to the store's iid bound; −1 if it cannot hold them all.
+
+        New iids (from this or any other process) are fetched in one store call per
+        16,384; iids absent then are re-fetched for two minutes (a Redis writer's
+        commit may still be on its way), at most every half second.
+        """
+        bound = self.store.iid_bound()
+        if bound > self._sketches.max_rows:
+            return -1
+        now = time.monotonic()
+        recheck = self._holes.shape[0] > 0 and now - self._holes_checked > 0.5
+        if bound <= self._seen and not recheck:
+            return 0
+        with self._refresh_lock:
+            loaded = 0
+            recheck = recheck and now - self._holes_checked > 0.5  # another thread may just have
+            if recheck:
+                self._holes_checked = now
+                keep = now - self._holes_since < 120.0
+                holes, since = self._holes[keep], self._holes_since[keep]
+                got, filled = self._load_sketches(holes)
+                loaded += got
+                self._holes, self._holes_since = holes[~filled], since[~filled]
+            for lo in range(self._seen, bound, 16_384):  # empty if another thread got here first
+                iids = np.arange(lo, min(bound, lo + 16_384), dtype=np.int64)
+                got, filled = self._load_sketches(iids)
+                loaded += got
+                self._holes = np.concatenate([self._holes, iids[~filled]])
+                self._holes_since = np.concatenate([self._holes_since, np.full(int((~filled).sum()), now)])
+            self._seen = max(self._seen, bound)
+            return loaded
+
+    def _load_sketches(self, iids: np.ndarray) -> tuple[int, np.ndarray]:
+        if iids.shape[0] == 0:
+            return 0, np.zeros(0, dtype=bool)
+        blobs = self.store.fetch(iids, "sketch")
+        filled = np.array([b is not None for b in blobs], dtype=bool)
+        if filled.any():
+            self._sketches.put(iids[filled], [b for b in blobs if b is not None])
+        return int(filled.sum()), filled
 
     def _score(self, q64, iids: np.ndarray):
         """Exact GMM of the query against these iids (those still present)."""
@@ -608,9 +675,7 @@ class Index:
         A fresh reader otherwise fetches candidates' sketches on its first
         queries; the service warms each worker at start. Returns rows loaded.
         """
-        n = 0
-        for iids, blobs in self.store.scan("sketch"):
-            n += self._sketches.put(iids, blobs)
+        n = self._refresh_sketches()
         if vectors and self._cache is not None:
             for iids, blobs in self.store.scan("vector"):
                 self._cache.put(iids, blobs)
