@@ -48,7 +48,7 @@ def _fill_constants_impl(coords, k, seed):
     last block are real samples too (they are simply not reported).
     """
     nblk = (k + _JB - 1) // _JB
-    out = np.empty((nblk, coords.shape[0], 4, _JB), dtype=np.float32)
+    out = np.empty((nblk, coords.shape[0], 4, _JB), dtype=np.float64)
     s = np.uint64(seed)
     for a in prange(coords.shape[0]):
         ck = coord_key(s, np.uint64(coords[a]))
@@ -59,15 +59,10 @@ def _fill_constants_impl(coords, k, seed):
             b = uniform(ck, uj, np.uint64(4))
             blk = j // _JB
             jj = j - blk * _JB
-            # Rounded once to float32 (halves the table, which is what a query streams
-            # through); all arithmetic on them stays float64.
-            inv = np.float32(1.0 / r)
-            bet = np.float32(b)
-            rate = np.float32(r)
-            out[blk, a, 0, jj] = inv
-            out[blk, a, 1, jj] = bet
-            out[blk, a, 2, jj] = np.float32(math.log(c) - np.float64(rate) * (1.0 - np.float64(bet)))
-            out[blk, a, 3, jj] = rate
+            out[blk, a, 0, jj] = 1.0 / r
+            out[blk, a, 1, jj] = b
+            out[blk, a, 2, jj] = math.log(c) - r * (1.0 - b)
+            out[blk, a, 3, jj] = r
     return out
 
 
@@ -80,7 +75,7 @@ def _block_step(lx, p, invr, beta, base, rate, best_in, arg_in, best_out, arg_ou
     store-to-load forwarding the next nonzero depends on.
     """
     for jj in range(_JB):
-        la = np.float64(base[jj]) - np.float64(rate[jj]) * np.floor(lx * np.float64(invr[jj]) + np.float64(beta[jj]))
+        la = base[jj] - rate[jj] * np.floor(lx * invr[jj] + beta[jj])
         b = best_in[jj]
         a = arg_in[jj]
         best_out[jj] = min(la, b)
@@ -117,7 +112,7 @@ def _sample_impl(indptr, rows, coords, logs, table, k, out_i, out_t):
                     p = arg[cur, jj]
                     c = tb[rows[p]]
                     out_i[v, jb + jj] = coords[p]
-                    out_t[v, jb + jj] = np.int64(np.floor(logs[p] * np.float64(c[0, jj]) + np.float64(c[1, jj])))
+                    out_t[v, jb + jj] = np.int64(np.floor(logs[p] * c[0, jj] + c[1, jj]))
 
 
 _fill_constants = njit(nogil=True, parallel=True, cache=True)(_fill_constants_impl)
@@ -195,7 +190,7 @@ def constant_table(dim2: int, k: int, seed: int) -> np.ndarray:
 def table_fits(dim: int, k: int, budget: int = TABLE_BUDGET_BYTES) -> bool:
     """Whether a full constant table for ``dim`` input dimensions and ``k`` samples fits."""
     padded = -(-k // _JB) * _JB
-    return 2 * dim * padded * 16 <= budget
+    return 2 * dim * padded * 32 <= budget
 
 
 def _as_split(X, center):

@@ -219,10 +219,12 @@ class Index:
         self._rank_words = -(-config.k // (8 * SAMPLES_PER_WORD)) * 8
         self._sketches = _RowCache("sketch", self._rank_words, np.uint64, self._decode_sketches, cache_bytes // 4)
         self._scratch = threading.local()
-        # Scan state: sketches of every iid below _seen are in self._sketches (or the iid
-        # is retired); _holes are iids below it that were absent when last fetched, kept
+        # Scan state: every iid the store allocated up to _token has its sketch in
+        # self._sketches, or is retired, or is in _holes: absent when last fetched, kept
         # for a while because a Redis writer allocates iids before it commits them.
-        self._seen = 0
+        # Rows below _scan_n are scanned.
+        self._token: object | None = None
+        self._scan_n = 0
         self._holes = np.zeros(0, dtype=np.int64)
         self._holes_since = np.zeros(0)
         self._holes_checked = 0.0
@@ -515,7 +517,7 @@ class Index:
         if bands is None and self._refresh_sketches() >= 0:
             S, have = self._sketches.arrays()
             q = pack2(codes, self._rank_words)[0]
-            rows, scores = top_by_agreement(q, S, have, min(self._seen, S.shape[0]), budget + 1)
+            rows, scores = top_by_agreement(q, S, have, min(self._scan_n, S.shape[0]), budget + 1)
             keep = rows != exclude  # the query's own vector, when it is asked for by id
             rows, scores = rows[keep], scores[keep]
             return self._score(q64, rows[_top(scores.astype(np.float64), budget)])
@@ -529,36 +531,38 @@ class Index:
         return self._score(q64, iids)
 
     def _refresh_sketches(self) -> int:
-        """Bring the sketch cache up to the store's iid bound; −1 if it cannot hold them all.
+        """Bring the sketch cache up to date with the store; −1 if it cannot hold them all.
 
-        New iids (from this or any other process) are fetched in one store call per
-        16,384; iids absent then are re-fetched for two minutes (a Redis writer's
-        commit may still be on its way), at most every half second.
+        New iids (from this or any other process) come from the store's allocation
+        feed and are fetched in one call per 16,384; iids absent then are re-fetched
+        for two minutes (a Redis writer's commit may still be on its way), at most
+        every half second. Returns how many sketches were loaded.
         """
-        bound = self.store.iid_bound()
-        if bound > self._sketches.max_rows:
+        if self._scan_n > self._sketches.max_rows:
             return -1
         now = time.monotonic()
-        recheck = self._holes.shape[0] > 0 and now - self._holes_checked > 0.5
-        if bound <= self._seen and not recheck:
-            return 0
         with self._refresh_lock:
+            new, token = self.store.allocated_since(self._token)
+            if new.shape[0] and int(new.max()) >= self._sketches.max_rows:
+                self._scan_n = int(new.max()) + 1  # too big to scan: buckets from now on
+                return -1
             loaded = 0
-            recheck = recheck and now - self._holes_checked > 0.5  # another thread may just have
-            if recheck:
+            if self._holes.shape[0] and now - self._holes_checked > 0.5:
                 self._holes_checked = now
                 keep = now - self._holes_since < 120.0
                 holes, since = self._holes[keep], self._holes_since[keep]
                 got, filled = self._load_sketches(holes)
                 loaded += got
                 self._holes, self._holes_since = holes[~filled], since[~filled]
-            for lo in range(self._seen, bound, 16_384):  # empty if another thread got here first
-                iids = np.arange(lo, min(bound, lo + 16_384), dtype=np.int64)
+            for lo in range(0, new.shape[0], 16_384):
+                iids = new[lo : lo + 16_384]
                 got, filled = self._load_sketches(iids)
                 loaded += got
                 self._holes = np.concatenate([self._holes, iids[~filled]])
                 self._holes_since = np.concatenate([self._holes_since, np.full(int((~filled).sum()), now)])
-            self._seen = max(self._seen, bound)
+            if new.shape[0]:
+                self._scan_n = max(self._scan_n, int(new.max()) + 1)
+            self._token = token
             return loaded
 
     def _load_sketches(self, iids: np.ndarray) -> tuple[int, np.ndarray]:
@@ -707,3 +711,17 @@ class Index:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def snapshot(self, dest) -> Path:
+        """A consistent hot copy of the index in a new directory (LMDB); restore by serving it.
+
+        Redis has its own persistence (BGSAVE / the AOF): there is nothing for
+        gmmlsh to copy consistently from outside the server, so it refuses.
+        """
+        snap = getattr(self.store, "snapshot", None)
+        if snap is None:
+            raise NotImplementedError(
+                "snapshot: this backend keeps its own backups; for Redis run BGSAVE and copy "
+                "dump.rdb (or copy the AOF directory), see the README's 'Backups' section"
+            )
+        return snap(dest)

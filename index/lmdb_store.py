@@ -577,6 +577,12 @@ class LmdbStore:
         with self._txn() as txn:
             return self._get_u64(txn, self._counters, _NEXT_IID)
 
+    def allocated_since(self, token: object | None) -> tuple[np.ndarray, object]:
+        """iids allocated since ``token`` (the counter then): one range, LMDB allocates in order."""
+        bound = self.iid_bound()
+        start = 0 if token is None else int(token)
+        return np.arange(start, max(start, bound), dtype=np.int64), bound
+
     # --- housekeeping --------------------------------------------------------------------
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` if the environment is closed or unreadable."""
@@ -616,6 +622,71 @@ class LmdbStore:
             "max_readers": max_readers,
             "readonly": self.readonly,
         }
+
+    def scan_ids(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
+        """Every (external id, iid) of the id map, from one snapshot: for the integrity check,
+        which must also find ids whose vector is gone (a scan of vectors cannot)."""
+        env = self._live_env()
+        try:
+            txn = env.begin(buffers=False)
+        except lmdb.Error as e:
+            raise self._wrap(e) from e
+        try:
+            it = txn.cursor(db=self._ext2iid).iternext(keys=True, values=True)
+            while True:
+                try:
+                    chunk = [item for _, item in zip(range(batch_size), it, strict=False)]
+                except lmdb.Error as e:
+                    raise self._wrap(e) from e
+                if not chunk:
+                    return
+                names = [k.decode("utf-8", errors="replace") for k, _ in chunk]
+                iids = np.array([int.from_bytes(v, "big") if len(v) == 4 else -1 for _, v in chunk], dtype=np.int64)
+                yield names, iids
+        finally:
+            try:
+                txn.abort()
+            except lmdb.Error:
+                pass
+
+    def snapshot(self, dest: str | os.PathLike) -> Path:
+        """A consistent, compacted hot copy of the environment in the new directory ``dest``.
+
+        Runs in one read transaction, so writers (in any process) go on meanwhile
+        and the copy holds exactly the batches committed when it started. Written
+        to a hidden sibling directory first and renamed into place, so ``dest``
+        either does not exist or holds a complete index. Restore: stop the
+        server, then serve (or move) ``dest`` as the index directory.
+        """
+        dest = Path(dest)
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise StoreError(f"snapshot destination {dest} exists and is not an empty directory")
+        env = self._live_env()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+        if tmp.exists():
+            for f in tmp.iterdir():
+                f.unlink()
+        else:
+            tmp.mkdir()
+        try:
+            env.copy(str(tmp), compact=True)
+            fd = os.open(tmp / "data.mdb", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if dest.exists():
+                dest.rmdir()
+            os.rename(tmp, dest)
+        except lmdb.Error as e:
+            raise self._wrap(e) from e
+        finally:
+            if tmp.exists():
+                for f in tmp.iterdir():
+                    f.unlink()
+                tmp.rmdir()
+        return dest
 
     def _all_dbs(self) -> dict:
         return {

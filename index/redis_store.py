@@ -1175,6 +1175,23 @@ class RedisStore:
         vals = self._pipeline([("GET", self._shard_keys(s)[4]) for s in range(S)])
         return max(int(v or 0) for v in vals) * S
 
+    @_unavailable
+    def allocated_since(self, token: object | None) -> tuple[np.ndarray, object]:
+        """iids allocated since ``token`` (the shard sequences then), in one round trip.
+
+        Shards allocate independently (``iid = seq · shards + shard``), so new iids
+        can lie below ones seen before: the token keeps every shard's sequence.
+        """
+        lay = self._get_layout(create=False)
+        if lay is None:
+            return np.empty(0, dtype=np.int64), token
+        S = lay["shards"]
+        seqs = [int(v or 0) for v in self._pipeline([("GET", self._shard_keys(s)[4]) for s in range(S)])]
+        old = list(token) if token is not None else [0] * S
+        parts = [np.arange(old[s], seqs[s], dtype=np.int64) * S + s for s in range(S) if seqs[s] > old[s]]
+        new = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        return new, tuple(max(a, b) for a, b in zip(old, seqs, strict=True))
+
     # --- housekeeping --------------------------------------------------------------------------
     @_unavailable
     def ping(self) -> None:

@@ -117,6 +117,14 @@ class Store(Protocol):
     def iid_bound(self) -> int:
         """An upper bound (exclusive) on every live internal id, for sizing arrays."""
 
+    def allocated_since(self, token: object | None) -> tuple[np.ndarray, object]:
+        """Internal ids handed out since ``token`` (None: since the start), and a new token.
+
+        How a reader keeps an in-memory copy of every sketch current without a
+        full scan. Some returned iids may hold no record (yet, or any more): a
+        writer may still be committing, or the vector was retired since.
+        """
+
     # --- housekeeping ------------------------------------------------------------
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` if the backend cannot be reached."""

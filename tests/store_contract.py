@@ -458,6 +458,23 @@ class StoreContract:
         scanned = [i for c, _ in store.scan("sketch") for i in c.tolist()]
         assert max(scanned) < store.iid_bound()
 
+    def test_allocated_since_reports_every_new_iid(self, store, rng):
+        """A reader following the feed sees every live iid exactly once, whatever the order."""
+        seen: set[int] = set()
+        token = None
+        for round_ in range(4):
+            ids = [f"a{round_}-{i}" for i in range(37)] + [f"a0-{i}" for i in range(0, 37, 5)]  # new + replaced
+            batch, _ = make_batch(ids, rng)
+            store.upsert(batch, band_keys_of)
+            new, token = store.allocated_since(token)
+            assert len(set(new.tolist())) == len(new), "an iid was reported twice"
+            assert seen.isdisjoint(new.tolist()), "an old iid was reported again"
+            seen |= set(new.tolist())
+            live = store.lookup(ids)
+            assert set(live.tolist()) <= seen
+        again, token2 = store.allocated_since(token)
+        assert again.shape[0] == 0
+
     def test_external_ids_round_trip(self, store, rng):
         ids = [f"e{i}" for i in range(40)]
         batch, _ = make_batch(ids, rng)

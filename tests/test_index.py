@@ -10,6 +10,7 @@ import uuid
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import FMNIST as FMNIST_PATH
 from redis_fixtures import redis_url  # noqa: F401
 
 from core import gcws, nrff
@@ -223,6 +224,29 @@ def test_sparse_high_dimensional_and_signed(location):
         assert sims["0"] == pytest.approx(gmm(f32(q), f32(signed[0])), abs=1e-12)
         assert sims["0"] < 0.9
         assert ix.query(signed[0], k=1).neighbors[0].id == "0"
+
+
+def test_scan_sees_vectors_written_by_another_process(location, fmnist):
+    """A warmed-up reader's sketch scan picks up vectors another process inserts later."""
+    X, _, _, _ = fmnist
+    loc, opts = location
+    with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as ix:
+        ix.upsert(_ids(0, 300), X[:300])
+        ix.warm()
+        assert ix.query(X[400], k=1).neighbors[0].id != "v400"
+        script = textwrap.dedent(f"""
+            import numpy as np
+            from index.index import Index
+            X = np.load({str(FMNIST_PATH)!r})["train"]
+            with Index.open({loc!r}, **{opts!r}) as ix:
+                for i in range(300, 460):  # one at a time: every Redis shard gets its turn
+                    ix.upsert([f"v{{i}}"], X[i : i + 1])
+        """)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        for i in range(300, 460, 7):
+            top = ix.query(X[i], k=1).neighbors[0]
+            assert top.id == f"v{i}" and top.similarity == pytest.approx(1.0)
 
 
 def test_bad_input_changes_nothing(location):
