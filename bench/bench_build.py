@@ -23,8 +23,8 @@ import numba
 import numpy as np
 
 from bench.bench_http import start_server
-from bench.bench_index import DATA, gmm_distance
-from bench.bench_redis import start_redis
+from bench.bench_index import gmm_distance
+from bench.common import DATA, emit, start_redis
 
 
 def cli_build(args: list[str]) -> tuple[float, dict]:
@@ -95,11 +95,7 @@ def main(argv=None) -> None:
         redis_proc.terminate()
         redis_proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import httpx
 import numba
 import numpy as np
 
-from bench.bench_index import DATA
+from bench.common import DATA, emit, free_port
 from index.config import IndexConfig
 from index.index import Index
 
@@ -55,12 +54,6 @@ t0 = time.perf_counter()
 dt = time.perf_counter() - t0
 print(json.dumps({"n": len(lat), "seconds": dt, "errors": errors[0], "lat": sorted(lat)}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(index_dir: Path, workers: int) -> tuple[subprocess.Popen, str]:
@@ -176,11 +169,7 @@ def main(argv=None) -> None:
         ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":

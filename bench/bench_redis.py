@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -24,40 +22,10 @@ import numba
 import numpy as np
 import redis
 
-from bench.bench_index import DATA, recall_at
+from bench.common import DATA, emit, recall_at, start_redis
 from core.gmm import gmm_matrix, l1_norms
 from index.config import IndexConfig
 from index.index import Index
-
-
-def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dir",
-            str(workdir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    r = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            r.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
 
 
 def used_memory(url: str) -> int:
@@ -216,11 +184,7 @@ def main(argv=None) -> None:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(work, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ class LmdbStore:
         a mix. Within the batch the last occurrence of an id wins.
         """
         n = len(batch)
-        self._check_batch(batch, n)
+        batch.check()
         if n == 0:
             return
         last: dict[str, int] = {}
@@ -341,26 +341,6 @@ class LmdbStore:
         consumed, added = txn.cursor(db=db).putmulti(items, append=True)
         if added != consumed:
             raise StoreError(f"LMDB store at {self.path} is inconsistent: the next-iid counter is below a stored iid")
-
-    @staticmethod
-    def _check_batch(batch: RecordBatch, n: int) -> None:
-        """Reject malformed batches before anything is written."""
-        problems = []
-        if len(batch.vectors) != n:
-            problems.append(f"vectors: {len(batch.vectors)} rows for {n} ids")
-        sk, bk = np.asarray(batch.sketches), np.asarray(batch.band_keys)
-        if sk.dtype != np.uint8 or sk.ndim != 2 or sk.shape[0] != n:
-            problems.append(f"sketches: need ({n}, bytes) uint8, got {sk.shape} {sk.dtype}")
-        if bk.dtype != np.uint8 or bk.ndim != 3 or bk.shape[0] != n:
-            problems.append(f"band_keys: need ({n}, L, key_bytes) uint8, got {bk.shape} {bk.dtype}")
-        elif n and (bk.shape[1] == 0 or bk.shape[2] == 0):
-            problems.append(f"band_keys: empty band keys {bk.shape}")
-        if batch.nrff is not None and (batch.nrff.ndim != 2 or batch.nrff.shape[0] != n):
-            problems.append(f"nrff: need ({n}, m) float32, got {batch.nrff.shape}")
-        if batch.meta is not None and len(batch.meta) != n:
-            problems.append(f"meta: {len(batch.meta)} rows for {n} ids")
-        if problems:
-            raise ValueError("; ".join(problems))
 
     def _retire(self, txn: lmdb.Transaction, be: list[bytes], band_keys_of: BandKeysFn) -> None:
         """Remove stored iids (big-endian keys) everywhere but ``ext2iid``.

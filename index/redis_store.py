@@ -778,7 +778,7 @@ class RedisStore:
         visible atomically, and after a failure the batch can simply be retried.
         """
         n = len(batch)
-        _check_batch(batch, n)
+        batch.check()
         if n == 0:
             return
         lay = self._get_layout(create=True)
@@ -1172,8 +1172,16 @@ class RedisStore:
         if lay is None:
             return 0
         S = lay["shards"]
-        vals = self._pipeline([("GET", self._shard_keys(s)[4]) for s in range(S)])
-        return max(int(v or 0) for v in vals) * S
+        return max(self._shard_seqs(S)) * S
+
+    def _shard_seqs(self, S: int) -> list[int]:
+        """Every shard's iid sequence: one MGET on a single server, a pipeline on a Cluster."""
+        keys = [self._shard_keys(s)[4] for s in range(S)]
+        if self._is_cluster:
+            vals = self._pipeline([("GET", k) for k in keys])
+        else:
+            vals = self._pipeline([("MGET", *keys)])[0]
+        return [int(v or 0) for v in vals]
 
     @_unavailable
     def allocated_since(self, token: object | None) -> tuple[np.ndarray, object]:
@@ -1186,7 +1194,7 @@ class RedisStore:
         if lay is None:
             return np.empty(0, dtype=np.int64), token
         S = lay["shards"]
-        seqs = [int(v or 0) for v in self._pipeline([("GET", self._shard_keys(s)[4]) for s in range(S)])]
+        seqs = self._shard_seqs(S)
         old = list(token) if token is not None else [0] * S
         parts = [np.arange(old[s], seqs[s], dtype=np.int64) * S + s for s in range(S) if seqs[s] > old[s]]
         new = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
@@ -1249,29 +1257,3 @@ def _sha1(text: str) -> str:
     import hashlib
 
     return hashlib.sha1(text.encode()).hexdigest()
-
-
-def _check_batch(batch: RecordBatch, n: int) -> None:
-    """Reject malformed batches before anything is written."""
-    problems = []
-    if len(batch.vectors) != n:
-        problems.append(f"vectors: {len(batch.vectors)} rows for {n} ids")
-    sk, bk = np.asarray(batch.sketches), np.asarray(batch.band_keys)
-    if sk.dtype != np.uint8 or sk.ndim != 2 or sk.shape[0] != n:
-        problems.append(f"sketches: need ({n}, bytes) uint8, got {sk.shape} {sk.dtype}")
-    elif n and sk.shape[1] == 0:
-        problems.append("sketches: empty sketches")
-    if bk.dtype != np.uint8 or bk.ndim != 3 or bk.shape[0] != n:
-        problems.append(f"band_keys: need ({n}, L, key_bytes) uint8, got {bk.shape} {bk.dtype}")
-    elif n and (bk.shape[1] == 0 or bk.shape[2] == 0):
-        problems.append(f"band_keys: empty band keys {bk.shape}")
-    if batch.nrff is not None and (batch.nrff.ndim != 2 or batch.nrff.shape[0] != n):
-        problems.append(f"nrff: need ({n}, m) float32, got {batch.nrff.shape}")
-    if batch.meta is not None and len(batch.meta) != n:
-        problems.append(f"meta: {len(batch.meta)} rows for {n} ids")
-    for i, e in enumerate(batch.ids):
-        if not isinstance(e, str):
-            problems.append(f"ids[{i}]: must be a string, got {type(e).__name__}")
-            break
-    if problems:
-        raise ValueError("; ".join(problems))

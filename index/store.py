@@ -66,6 +66,31 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def check(self) -> None:
+        """Reject a malformed batch (ValueError naming each problem) before a store writes any of it."""
+        n = len(self.ids)
+        problems = []
+        if len(self.vectors) != n:
+            problems.append(f"vectors: {len(self.vectors)} rows for {n} ids")
+        sk, bk = np.asarray(self.sketches), np.asarray(self.band_keys)
+        if sk.dtype != np.uint8 or sk.ndim != 2 or sk.shape[0] != n:
+            problems.append(f"sketches: need ({n}, bytes) uint8, got {sk.shape} {sk.dtype}")
+        elif n and sk.shape[1] == 0:
+            problems.append("sketches: empty sketches")
+        if bk.dtype != np.uint8 or bk.ndim != 3 or bk.shape[0] != n:
+            problems.append(f"band_keys: need ({n}, L, key_bytes) uint8, got {bk.shape} {bk.dtype}")
+        elif n and (bk.shape[1] == 0 or bk.shape[2] == 0):
+            problems.append(f"band_keys: empty band keys {bk.shape}")
+        if self.nrff is not None and (self.nrff.ndim != 2 or self.nrff.shape[0] != n):
+            problems.append(f"nrff: need ({n}, m) float32, got {self.nrff.shape}")
+        if self.meta is not None and len(self.meta) != n:
+            problems.append(f"meta: {len(self.meta)} rows for {n} ids")
+        bad = next((i for i, e in enumerate(self.ids) if not isinstance(e, str)), None)
+        if bad is not None:
+            problems.append(f"ids[{bad}]: must be a string, got {type(self.ids[bad]).__name__}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 class Store(Protocol):
     """A backend. All methods are safe to call from several threads of one process."""

@@ -1,0 +1,65 @@
+"""What every benchmark script shares: the data, recall, a throwaway redis-server, output."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(os.environ.get("GMMLSH_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def recall_at(found: list[set[int]], truth: np.ndarray) -> float:
+    """Mean share of each query's true neighbours among those found."""
+    return float(np.mean([len(f & set(t.tolist())) / truth.shape[1] for f, t in zip(found, truth, strict=True)]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """A redis-server on a free loopback port, persistence off; returns (process, URL)."""
+    import redis
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    r = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def emit(lines: list[str], out: Path | None) -> str:
+    """Print a markdown report and, with ``--out``, write it there too."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return text
