@@ -129,7 +129,7 @@ def _split_dense(X, center, use_center):
     for v in range(n):
         cnt = 0
         for i in range(d):
-            x = X[v, i] - center[i] if use_center else X[v, i]
+            x = np.float64(X[v, i]) - center[i] if use_center else np.float64(X[v, i])
             if x != 0.0:
                 cnt += 1
         indptr[v + 1] = indptr[v] + cnt
@@ -138,7 +138,9 @@ def _split_dense(X, center, use_center):
     for v in range(n):
         p = indptr[v]
         for i in range(d):
-            x = X[v, i] - center[i] if use_center else X[v, i]
+            # Widen first: numba's log of a float32 is a float32, and sketches must not
+            # depend on the input's dtype.
+            x = np.float64(X[v, i]) - center[i] if use_center else np.float64(X[v, i])
             if x > 0.0:
                 coords[p] = 2 * i
                 logs[p] = math.log(x)
@@ -166,7 +168,7 @@ def _split_csr(indptr_in, indices, data):
     for v in range(n):
         q = indptr[v]
         for p in range(indptr_in[v], indptr_in[v + 1]):
-            x = data[p]
+            x = np.float64(data[p])  # widen first (see _split_dense)
             if x > 0.0:
                 coords[q] = 2 * np.int64(indices[p])
                 logs[q] = math.log(x)
@@ -193,8 +195,14 @@ def table_fits(dim: int, k: int, budget: int = TABLE_BUDGET_BYTES) -> bool:
     return 2 * dim * padded * 32 <= budget
 
 
-def _as_split(X, center):
-    """Validated input → (n, dim, indptr, coords, logs) over the 2D space."""
+def _as_split(X, center, check: bool = True):
+    """Input → (n, dim, indptr, coords, logs) over the 2D space (validated unless ``check=False``)."""
+    if not check and center is None:
+        if sp.issparse(X):
+            X = X if sp.isspmatrix_csr(X) and X.has_sorted_indices else sp.csr_matrix(X)
+            return X.shape[0], X.shape[1], *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
+        X = np.ascontiguousarray(np.atleast_2d(X))
+        return X.shape[0], X.shape[1], *_split_dense(X, np.zeros(1), False)
     if sp.issparse(X) and center is None:
         X = check_batch(X)
         return X.shape[0], X.shape[1], *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
@@ -230,6 +238,7 @@ def sketch(
     center=None,
     return_t: bool = False,
     path: str = "auto",
+    check: bool = True,
 ):
     """GCWS samples of each row of ``X``: ``i*`` (n, k) int32 over the 2D space.
 
@@ -238,11 +247,13 @@ def sketch(
     ``"direct"`` (constants only for the coordinates this batch touches) or
     ``"auto"`` (the table when it fits :data:`TABLE_BUDGET_BYTES`). Both paths
     give bit-identical results. With ``return_t`` also returns ``t*`` (int64).
+    ``check=False`` skips validation for callers that already validated (finite,
+    no all-zero rows, sorted sparse indices); float32 input is then hashed as is.
     """
     if k <= 0:
         raise ValueError(f"k: must be positive, got {k}")
     one = not sp.issparse(X) and np.ndim(X) == 1
-    n, dim, indptr, coords, logs = _as_split(X, center)
+    n, dim, indptr, coords, logs = _as_split(X, center, check)
     if path == "auto":
         path = "table" if table_fits(dim, k) else "direct"
     if path == "table":

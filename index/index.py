@@ -32,7 +32,7 @@ from numba import njit
 from core import gcws, nrff
 from core.agreement import SAMPLES_PER_WORD, agreement2, pack2, top_by_agreement
 from core.gmm import l1_norms, score_rows
-from core.validate import VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
+from core.validate import NonFiniteError, VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
 from index import codec
 from index.banding import Banding
 from index.config import IndexConfig
@@ -273,20 +273,31 @@ class Index:
         """Validate a batch and round it to what is stored: float32, dense or CSR per config."""
         cfg = self.config
         X = check_batch(X, cfg.dim, field=field_name)
-        if cfg.storage == "dense":
-            with np.errstate(over="ignore"):
+        with np.errstate(over="ignore"):
+            if cfg.storage == "dense":
                 X32 = (X.toarray() if sp.issparse(X) else X).astype(np.float32)
-            check_batch(X32, cfg.dim, field=field_name)  # float32 overflow / underflow
-        else:
-            X32 = sp.csr_matrix(X, dtype=np.float32)
-            X32.sort_indices()
-            check_batch(X32, cfg.dim, field=field_name)
+                values, rows_nonzero = X32, X32.any(axis=1)
+            else:
+                X32 = sp.csr_matrix(X, dtype=np.float32)
+                X32.sort_indices()
+                values = X32.data
+                row_of = np.repeat(np.arange(X32.shape[0]), np.diff(X32.indptr))
+                rows_nonzero = np.bincount(row_of[values != 0], minlength=X32.shape[0]) > 0
+        # What float32 storage did to valid float64 input: overflow to inf, underflow to 0.
+        if not np.isfinite(values).all():
+            bad = np.flatnonzero(~np.isfinite(values).reshape(values.shape[0], -1).all(axis=1))[0]
+            if sp.issparse(X32):
+                bad = np.searchsorted(X32.indptr, np.flatnonzero(~np.isfinite(values))[0], "right") - 1
+            raise NonFiniteError(f"{field_name}[{int(bad)}]", "a value overflows float32, the stored precision")
+        if not rows_nonzero.all():
+            raise ZeroVectorError(f"{field_name}[{int(np.flatnonzero(~rows_nonzero)[0])}]",
+                                  "all values underflow to 0 in float32, the stored precision")
         return X32
 
     def _hashable(self, X32):
-        """Float64 view of stored values, with the centre subtracted, for sketches and norms."""
-        if sp.issparse(X32):
-            return sp.csr_matrix(X32, dtype=np.float64)
+        """Stored values as sketches and norms see them: the centre subtracted, if any."""
+        if sp.issparse(X32) or self._center is None:
+            return X32  # the kernels widen float32 to float64 themselves
         X = X32.astype(np.float64)
         if self._center is not None:
             X = X - self._center
@@ -298,9 +309,9 @@ class Index:
     def _codes(self, Xh) -> np.ndarray:
         cfg = self.config
         if cfg.t_bits:
-            istar, tstar = gcws.sketch(Xh, cfg.k, cfg.seed, return_t=True)
+            istar, tstar = gcws.sketch(Xh, cfg.k, cfg.seed, return_t=True, check=False)
         else:
-            istar, tstar = gcws.sketch(Xh, cfg.k, cfg.seed), None
+            istar, tstar = gcws.sketch(Xh, cfg.k, cfg.seed, check=False), None
         return gcws.bbit_codes(istar, cfg.bits, cfg.seed, tstar, cfg.t_bits)
 
     # --- writes ---------------------------------------------------------------------

@@ -569,3 +569,14 @@ def test_dense_and_sparse_sketches_identical(vec, seed: int, path: str) -> None:
     np.testing.assert_array_equal(sketch(sp.csr_matrix(dense), 24, seed=seed, path=path)[0], want_i)
     # the 0-bit sample always lands on a nonzero coordinate, with that coordinate's sign
     assert set((want_i // 2).tolist()) <= set(idx.tolist())
+
+
+def test_unchecked_float32_input_hashes_like_checked_float64(fmnist):
+    """The index hashes its float32 rows with check=False; that must equal the validated float64 path."""
+    X = fmnist[0][:300].astype(np.float32)
+    X[:, ::7] *= -1.0  # signed values too
+    ref = sketch(X.astype(np.float64), 96, seed=3, return_t=True)
+    for data in (X, sp.csr_matrix(X)):
+        got = sketch(data, 96, seed=3, return_t=True, check=False)
+        np.testing.assert_array_equal(got[0], ref[0])
+        np.testing.assert_array_equal(got[1], ref[1])
