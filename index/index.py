@@ -249,20 +249,25 @@ class Index:
         """Open (or create, given a config) the index at a directory or Redis URL."""
         loc = str(location)
         is_redis = loc.startswith(("redis://", "rediss://", "unix://"))
+        shown = loc
+        if is_redis:
+            from index.redis_store import mask_url
+
+            shown = mask_url(loc)  # error messages never carry a password
         if not is_redis and config is None and not (Path(loc) / "data.mdb").exists():
-            raise FileNotFoundError(f"index: no index at {loc}; create one by giving its parameters (dim, ...)")
+            raise FileNotFoundError(f"index: no index at {shown}; create one by giving its parameters (dim, ...)")
         store = open_store(loc, prefix=prefix, **store_options)
         try:
             stored = store.read_config()
             if stored is None:
                 if config is None or not create:
-                    raise FileNotFoundError(f"index: no index at {loc} (prefix {prefix!r})")
+                    raise FileNotFoundError(f"index: no index at {shown} (prefix {prefix!r})")
                 stored = store.init_config(config.to_dict())
             found = IndexConfig.from_dict(stored)
             if config is not None:
                 diffs = config.conflicts(found)
                 if diffs:
-                    raise ConfigConflict(f"index at {loc} has other parameters: " + "; ".join(diffs))
+                    raise ConfigConflict(f"index at {shown} has other parameters: " + "; ".join(diffs))
         except BaseException:
             store.close()
             raise
@@ -368,8 +373,8 @@ class Index:
     def _check_id(ext_id, field_name: str = "id") -> str:
         if not isinstance(ext_id, str):
             raise VectorError(field_name, f"ids are strings, got {type(ext_id).__name__}")
-        if not ext_id or len(ext_id.encode()) > 512:
-            raise VectorError(field_name, "ids must be 1 to 512 bytes of UTF-8")
+        if not ext_id or len(ext_id.encode()) > 511:
+            raise VectorError(field_name, "ids must be 1 to 511 bytes of UTF-8 (LMDB's key limit)")
         return ext_id
 
     # --- reads ----------------------------------------------------------------------
@@ -386,12 +391,19 @@ class Index:
         return iid
 
     def get(self, ext_id: str) -> StoredVector:
-        """The stored vector (float32 values) and metadata of an id."""
-        iid = np.array([self._iid(ext_id)], dtype=np.int64)
-        blob = self.store.fetch(iid, "vector")[0]
-        if blob is None:
+        """The stored vector (float32 values) and metadata of an id.
+
+        A record under an iid never changes, so its blobs cannot mix versions — unless
+        the id is replaced (its iid retired) between the two reads; then read again.
+        """
+        for _ in range(8):
+            iid = np.array([self._iid(ext_id)], dtype=np.int64)
+            blob = self.store.fetch(iid, "vector")[0]
+            meta = self.store.fetch(iid, "meta")[0]
+            if blob is not None and (meta is not None or int(self.store.lookup([ext_id])[0]) == int(iid[0])):
+                break
+        else:
             raise UnknownIdError(ext_id)
-        meta = self.store.fetch(iid, "meta")[0]
         meta = orjson.loads(meta) if meta else None
         if self.config.storage == "dense":
             values, _ = codec.decode_dense([blob], self.config.dim)
@@ -662,18 +674,35 @@ class Index:
         return iids[ok], np.exp(-self.config.gamma * (1.0 - rho))
 
     def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, min_similarity: float) -> QueryResult:
+        """The best k scored candidates that are still live, with their ids and metadata.
+
+        A candidate can be a retired version (replaced or deleted since this process
+        cached it): it has no id any more. Such iids are skipped — the window widens
+        until k live ones are found — and forgotten, so they stop taking rerank slots.
+        """
         scored = int(iids.shape[0])
-        order = _top(sims, min(k, scored))
-        order = order[sims[order] >= min_similarity]
-        top_iids, top_sims = iids[order], sims[order]
-        names = self.store.external_ids(top_iids)
-        metas = self.store.fetch(top_iids, "meta") if top_iids.shape[0] else []
-        neighbors = [
-            Neighbor(name, float(s), orjson.loads(m) if m else None)
-            for name, s, m in zip(names, top_sims, metas, strict=True)
-            if name is not None
-        ]
+        keep = sims >= min_similarity
+        iids, sims = iids[keep], sims[keep]
+        order = np.argsort(-sims, kind="stable")
+        neighbors: list[Neighbor] = []
+        start, window = 0, k
+        while len(neighbors) < k and start < order.shape[0]:
+            sel = order[start : start + window]
+            names = self.store.external_ids(iids[sel])
+            metas = self.store.fetch(iids[sel], "meta")
+            for iid, s, name, m in zip(iids[sel].tolist(), sims[sel].tolist(), names, metas, strict=True):
+                if name is None:
+                    self._forget(iid)
+                elif len(neighbors) < k:
+                    neighbors.append(Neighbor(name, float(s), orjson.loads(m) if m else None))
+            start, window = start + window, window * 4
         return QueryResult(mode=mode, k=k, candidates=scored, neighbors=neighbors)
+
+    def _forget(self, iid: int) -> None:
+        """Drop a retired iid from this process's caches (it will never come back)."""
+        for cache in (self._sketches, self._cache):
+            if cache is not None and iid < cache.have.shape[0]:
+                cache.have[iid] = False
 
     # --- housekeeping ---------------------------------------------------------------
     def sketch_stored(self, blobs: list[bytes]) -> np.ndarray:

@@ -52,6 +52,10 @@ class IndexNotFound(RuntimeError):
     """No index at the location and no ``dim`` to create one."""
 
 
+class IndexOpenError(RuntimeError):
+    """Opening the index failed (message scrubbed of credentials)."""
+
+
 def _creation_config(settings: Settings) -> IndexConfig:
     assert settings.dim is not None
     return IndexConfig(
@@ -84,8 +88,7 @@ def open_index(settings: Settings) -> Index:
         if not _is_missing(exc):
             raise
     if settings.dim is None:
-        where = (f"Redis {settings.redis_url} (prefix {settings.prefix!r})" if settings.redis_url
-                 else f"directory {settings.index!r}")
+        where = f"Redis {settings.safe_location}" if settings.redis_url else f"directory {settings.index!r}"
         raise IndexNotFound(
             f"no gmmlsh index in {where}: build one with `gmmlsh build`, or set GMMLSH_DIM "
             "(and optionally GMMLSH_BANDS, GMMLSH_ROWS, GMMLSH_BITS, ...) to create an empty one"
@@ -134,9 +137,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             index = await run_in_threadpool(open_index, settings)
         except Exception as exc:
-            log.error("cannot open the index at %s: %s", settings.location, exc)
+            text = settings.scrub(str(exc))
+            log.error("cannot open the index at %s: %s", settings.safe_location, text)
+            if text != str(exc):  # uvicorn prints the failure: never with the Redis password
+                raise IndexOpenError(text) from None
             raise
-        log.info("index open: %s, %d vectors, dim %d", settings.location,
+        log.info("index open: %s, %d vectors, dim %d", settings.safe_location,
                  await run_in_threadpool(index.count), index.config.dim)
         await run_in_threadpool(_warm_up, index)
         app.state.index = index
@@ -164,7 +170,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api)
 
     # Added innermost first: metrics (outermost) also count 413s and CORS preflights.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.cors_origins,
@@ -179,13 +185,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def _add_body_schemas(app: FastAPI) -> None:
     """Routes parse their bodies themselves (off the event loop), so FastAPI does not
-    see the request models; add their schemas to the OpenAPI components."""
+    see the request models; add their schemas to the OpenAPI components. Without an
+    API key, drop the key requirement FastAPI derives from the auth dependency."""
     base = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = base()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+            if app.state.settings.api_key is None:
+                # No key configured: no operation requires one, so the document must not say
+                # so (clients and schema-driven tools would otherwise send or expect auth).
+                schema["components"].pop("securitySchemes", None)
+                for ops in schema.get("paths", {}).values():
+                    for op in ops.values():
+                        if isinstance(op, dict):
+                            op.pop("security", None)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -1,4 +1,4 @@
-"""The ``gmmlsh`` command line: build, serve, query, info, check, bench.
+"""The ``gmmlsh`` command line: build, serve, query, info, check, snapshot, bench.
 
 Every command names its index with ``--index DIR`` (LMDB) or ``--redis URL``
 (plus ``--prefix NAME``); every option also reads a ``GMMLSH_*`` environment
@@ -544,14 +544,23 @@ def cmd_info(args) -> int:
 
 
 CHECK_HELP = """\
-Check an index's integrity: every vector has its blobs, every bucket entry
-points at a live vector whose sketch puts it there, the counts agree.
-Exit code 0 when it is sound, 1 when problems are found.
+Check an index's integrity by a full scan: every id has a vector that names it
+back, a sketch equal to a re-hash of the vector and exactly its L bucket
+entries; no bucket entry points at an unknown vector or repeats; no blob
+outlives its vector; the count equals the scan. Exit code 0 when it is sound,
+1 when problems are found. Check a quiet index (or a snapshot): a write landing
+during the scan can look like a problem.
+
+Redis: a writer killed mid-batch leaves journaled leftovers (uncommitted
+attempts, retired vectors' bucket entries). Queries never see them; the check
+reports them as a note, and --collect-garbage removes them first (attempts
+older than --older-than seconds; 0 only when no writer is running).
 """
 CHECK_EXAMPLE = """\
 Examples:
   gmmlsh check --index ./idx
   gmmlsh check --redis redis://localhost:6379/0 --prefix news --json
+  gmmlsh check --redis redis://localhost:6379/0 --collect-garbage --older-than 0   # after a crash, writers stopped
 """
 
 
@@ -560,17 +569,22 @@ def _add_check(sub) -> None:
                        epilog=CHECK_EXAMPLE, formatter_class=_Formatter)
     _add_store(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--collect-garbage", action="store_true",
+                   help="Redis: first clean up after interrupted writes (no-op for LMDB)")
+    p.add_argument("--older-than", type=float, default=600.0, metavar="SECONDS",
+                   help="with --collect-garbage: cancel write attempts journaled longer ago than this "
+                        "(default 600; 0 only when no writer is running)")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_check(args) -> int:
+    from index.check import check_index
+
+    if args.older_than < 0:
+        raise UsageError(f"--older-than: must be ≥ 0, got {args.older_than:g}")
     index = _open_index(args)
     with index:
-        check = getattr(index, "check", None)
-        if check is None:
-            print("gmmlsh check: not implemented yet (Index.check is missing)", file=sys.stderr)
-            return EXIT_USAGE
-        report = check()
+        report = check_index(index, collect_garbage=args.older_than if args.collect_garbage else None)
     ok = bool(getattr(report, "ok", True))
     if args.json:
         data = dataclasses.asdict(report) if dataclasses.is_dataclass(report) else report
@@ -585,17 +599,93 @@ def cmd_check(args) -> int:
 
 
 # ============================================================================
+# snapshot
+# ============================================================================
+
+SNAPSHOT_HELP = """\
+Write a consistent copy of an LMDB index to a new directory while it is in
+use (one read transaction: writers go on, the copy holds exactly the batches
+committed when it started). The copy is complete or absent, never
+partial. Restore: stop the server, then serve the snapshot directory (or move
+it where the index was); `gmmlsh check --index DEST` verifies it.
+
+Redis keeps its own backups: run BGSAVE and copy dump.rdb, or copy the AOF
+directory (appendonly yes); this command exits 2 for a Redis index.
+"""
+SNAPSHOT_EXAMPLE = """\
+Examples:
+  gmmlsh snapshot --index ./idx ./backups/idx-2024-06-01
+  gmmlsh snapshot --index ./idx ./backups/latest --verify
+"""
+
+
+def _add_snapshot(sub) -> None:
+    p = sub.add_parser("snapshot", help="hot copy of an LMDB index (backup)", description=SNAPSHOT_HELP,
+                       epilog=SNAPSHOT_EXAMPLE, formatter_class=_Formatter)
+    p.add_argument("dest", metavar="DEST", help="new (or empty) directory for the copy")
+    _add_store(p)
+    p.add_argument("--verify", action="store_true", help="run the integrity check on the copy")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_snapshot)
+
+
+def cmd_snapshot(args) -> int:
+    import time
+
+    from index.index import Index
+
+    kind, loc, prefix = _location(args)
+    if kind == "redis":
+        print("gmmlsh snapshot: a Redis index is backed up by Redis itself: run `redis-cli BGSAVE` and copy "
+              "dump.rdb once `LASTSAVE` changes, or copy the append-only directory (appendonly yes); "
+              "see the README's 'Backups' section", file=sys.stderr)
+        return EXIT_USAGE
+    dest = Path(args.dest)
+    if dest.resolve() == Path(loc).resolve():
+        raise UsageError("DEST is the index itself; give a new directory")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UsageError(f"{dest} exists and is not an empty directory; a snapshot never overwrites")
+    t0 = time.monotonic()
+    index = _open_index(args)
+    with index:
+        n = index.count()
+        index.snapshot(dest)
+    seconds = time.monotonic() - t0
+    size = (dest / "data.mdb").stat().st_size
+    out: dict = {"snapshot": str(dest), "vectors": n, "bytes": size, "seconds": round(seconds, 3)}
+    if args.verify:
+        with Index.open(str(dest), None, create=False) as copy:
+            report = copy.check()
+        out["check"] = {"ok": report.ok, "summary": report.summary()}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"snapshot of {n:,} vectors written to {dest} ({size:,} bytes, {seconds:.2f} s)")
+        if args.verify:
+            print("check: " + out["check"]["summary"])
+    return EXIT_OK if out.get("check", {"ok": True})["ok"] else EXIT_RUNTIME
+
+
+# ============================================================================
 # bench
 # ============================================================================
 
 BENCH_HELP = """\
 Run a benchmark script from bench/ (python -m bench.NAME ARGS...). A thin hook:
 the scripts own their options (try NAME --help) and write their results.
+
+With --data FILE (or --out/--quick/--no-peer and no NAME) it writes the benchmark
+report (bench/report.py: markdown + PNG plots) for your own data; FILE is any
+format `gmmlsh build` reads, labels (svmlight) give the k-NN comparison. Without
+--data the report uses Fashion-MNIST. More report options go after `--`.
 """
 BENCH_EXAMPLE = """\
 Examples:
   gmmlsh bench --list
   gmmlsh bench NAME --help
+  gmmlsh bench --data train.svm --out ./report
+  gmmlsh bench --data vectors.npy --out ./report --quick -- --n 20000
+  gmmlsh bench report --help
 """
 
 
@@ -614,13 +704,34 @@ def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="run a benchmark script from bench/", description=BENCH_HELP,
                        epilog=BENCH_EXAMPLE, formatter_class=_Formatter)
     p.add_argument("--list", action="store_true", help="list the benchmark scripts")
+    p.add_argument("--data", metavar="FILE", help="write the benchmark report for this file")
+    p.add_argument("--out", metavar="DIR", help="the report's folder (default ./report)")
+    p.add_argument("--quick", action="store_true", help="report: small sizes, about a minute")
+    p.add_argument("--no-peer", action="store_true", help="report: skip pynndescent")
     p.add_argument("name", nargs="?", help="script name (bench/NAME.py)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="passed to the script")
     p.set_defaults(func=cmd_bench)
 
 
+def _bench_report_args(args) -> list[str] | None:
+    """``bench --data FILE [--out DIR] ...`` → the report's arguments (paths made absolute); None otherwise."""
+    if args.list or not (args.data or args.out or args.quick or args.no_peer):
+        return None
+    argv = []
+    if args.data:
+        if not Path(args.data).exists():
+            raise UsageError(f"--data: no such file: {args.data}")
+        argv += ["--data", str(Path(args.data).resolve())]
+    argv += ["--out", str(Path(args.out or "report").resolve())]
+    argv += ["--quick"] * args.quick + ["--no-peer"] * args.no_peer
+    return argv + ([args.name] if args.name else []) + list(args.args)  # anything after `--`
+
+
 def cmd_bench(args) -> int:
     names = _bench_names()
+    report = _bench_report_args(args)
+    if report is not None:
+        args.name, args.args = "report", report
     if args.list or not args.name:
         if not names:
             print(f"no benchmark scripts in {_bench_dir()}")
@@ -665,6 +776,7 @@ def make_parser() -> argparse.ArgumentParser:
     _add_query(sub)
     _add_info(sub)
     _add_check(sub)
+    _add_snapshot(sub)
     _add_bench(sub)
     return p
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from fastapi import Request, Security
@@ -39,7 +40,8 @@ async def require_api_key(request: Request, key: str | None = Security(_api_key_
     """401 unless the configured key is presented; a no-op when no key is configured.
 
     ``hmac.compare_digest`` keeps the comparison time independent of where the
-    strings differ, so the key cannot be guessed byte by byte from timings.
+    strings differ, so the key cannot be guessed byte by byte from timings; both
+    sides are SHA-256 digests first, so not even the key's length shows.
     """
     expected = request.app.state.settings.api_key
     if expected is None:
@@ -49,7 +51,8 @@ async def require_api_key(request: Request, key: str | None = Security(_api_key_
         if auth[:7].lower() == "bearer ":
             key = auth[7:].strip()
     ok = key is not None and hmac.compare_digest(
-        key.encode("utf-8"), expected.get_secret_value().encode("utf-8")
+        hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest(),
+        hashlib.sha256(expected.get_secret_value().encode("utf-8")).digest(),
     )
     if not ok:
         raise ApiError(401, f"missing or wrong API key (send it in the {API_KEY_HEADER} header)",

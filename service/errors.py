@@ -37,6 +37,7 @@ _CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     409: "conflict",
     413: "too_large",
     415: "unsupported_media_type",
@@ -151,8 +152,9 @@ async def _unknown_id_handler(request: Request, exc: UnknownIdError) -> Response
 
 
 async def _unavailable_handler(request: Request, exc: Exception) -> Response:
+    # The reason (a file path, a host, a driver message) goes to the log, not to the client.
     log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
-    return error_response(503, f"the index store is unavailable: {exc}",
+    return error_response(503, "the index store is unavailable; retry shortly (details are in the server log)",
                           headers={"Retry-After": "1"})
 
 
@@ -162,11 +164,26 @@ async def _conflict_handler(request: Request, exc: ConfigConflict) -> Response:
 
 async def _store_error_handler(request: Request, exc: StoreError) -> Response:
     log.error("store error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, f"storage error: {exc}", code="store_error")
+    return error_response(500, "storage error (details are in the server log)", code="store_error")
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method some route serves at this path. Starlette's 405 names only the first
+    route that matched the path (``GET /vectors/{id}`` hid ``DELETE``), not all of them."""
+    from starlette.routing import Match
+
+    methods = {m for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+               for route in getattr(request.app, "routes", ())
+               if route.matches({**request.scope, "method": m})[0] == Match.FULL}
+    return ", ".join(sorted(methods)) if methods else None
 
 
 async def _http_handler(request: Request, exc: StarletteHTTPException) -> Response:
     headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:
+        allow = _allowed_methods(request)
+        if allow:
+            headers = {**(headers or {}), "Allow": allow}
     return error_response(exc.status_code, str(exc.detail), headers=headers,
                           field=getattr(exc, "field", None))
 
@@ -201,6 +218,7 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     text = {
         401: "Missing or wrong API key (only when GMMLSH_API_KEY is set)",
         404: "Unknown id",
+        408: "Request body not received within body_timeout seconds",
         413: "Request body over max_body_bytes, or more than max_batch vectors/queries",
         422: "Invalid input: field and reason in error.field / error.message",
         500: "Internal error (no traceback; see the server log)",

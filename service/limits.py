@@ -1,12 +1,17 @@
-"""Request-body size cap (Starlette has none: an unbounded POST would be read into memory).
+"""Request-body size cap (Starlette has none: an unbounded POST would be read into memory),
+and a deadline for receiving the body (a client trickling bytes must not hold a request,
+and up to ``max_body_bytes`` of memory, forever).
 
 A declared ``Content-Length`` over the cap is refused before a byte of the body is
 read; a body without one (chunked) is counted as it streams and refused as soon as
-it passes the cap. Both answer 413 in the service's error shape.
+it passes the cap. Both answer 413 in the service's error shape. A body still
+incomplete ``timeout`` seconds after the request started answers 408. (Slow
+*headers* are uvicorn's to bound: put a reverse proxy in front of a public server.)
 """
 
 from __future__ import annotations
 
+import anyio
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,10 +25,19 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body larger than {limit} bytes (max_body_bytes)")
 
 
+class BodyTimeout(HTTPException):
+    """Raised from ``receive`` when the body is late; answered 408, connection closed."""
+
+    def __init__(self, timeout: float):
+        super().__init__(408, f"request body not received within {timeout:g} s (body_timeout)",
+                         headers={"Connection": "close"})
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,14 +66,25 @@ class BodyLimitMiddleware:
                 break
         seen = 0
         limit = self.max_bytes
+        timeout = self.timeout
+        deadline = anyio.current_time() + timeout if timeout else None
+        done = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done or deadline is None:  # after the body: e.g. waiting for a disconnect
+                message = await receive()
+            else:
+                try:
+                    with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyTimeout(timeout) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
                     raise BodyTooLarge(limit)
+                done = not message.get("more_body", False)
             return message
 
         await self.app(scope, counting_receive, send)

@@ -10,10 +10,12 @@ vector of a batch is bad.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 import scipy.sparse as sp
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
@@ -107,6 +109,26 @@ def _sparse_matrix(vectors: list[VectorIn], dim: int, where) -> sp.csr_matrix:
     )
 
 
+def _check_metadata(meta: dict, limit: int, field: str) -> None:
+    """Metadata comes back with every hit, so its size is capped; NaN/Infinity (which
+    the lenient body parser lets through) would be stored as null: refused instead."""
+    try:
+        size = len(orjson.dumps(meta))
+    except TypeError as exc:  # e.g. an integer beyond 64 bits
+        raise ApiError(422, f"not storable as JSON ({exc})", field=field) from None
+    if size > limit:
+        raise ApiError(422, f"{size} bytes as JSON; the limit is {limit} (max_metadata_bytes)", field=field)
+    stack: list = [meta]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            raise ApiError(422, f"{x} is not a JSON number", field=field)
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+
+
 def upsert(index: Index, settings: Settings, body: bytes) -> dict:
     parsed = parse_body(UPSERT_BODY, body)
     if isinstance(parsed, VectorBatch):
@@ -129,6 +151,9 @@ def upsert(index: Index, settings: Settings, body: bytes) -> dict:
         X = _sparse_matrix(vectors, dim, where)
     ids = [v.id for v in vectors]
     meta = [v.metadata for v in vectors]
+    for i, m in enumerate(meta):
+        if m is not None:
+            _check_metadata(m, settings.max_metadata_bytes, f"{where(i)}metadata")
     n = index.upsert(ids, X, meta if any(m is not None for m in meta) else None)
     return {"upserted": int(n), "count": int(index.count())}
 
@@ -261,7 +286,13 @@ def _is_float(s: str) -> bool:
 
 def neighbors_get(index: Index, settings: Settings, params: QueryParams,
                   ext_id: str | None, vector: str | None) -> tuple[dict, QueryResult]:
-    q = SearchQuery(id=ext_id, vector=parse_dense_param(vector) if vector is not None else None)
+    try:
+        q = SearchQuery(id=ext_id, vector=parse_dense_param(vector) if vector is not None else None)
+    except ValidationError as exc:  # e.g. an id under 512 characters but over 511 bytes
+        errors = exc.errors(include_url=False, include_input=False, include_context=True)
+        for e in errors:
+            e["loc"] = ("query", *e["loc"])
+        raise RequestValidationError(errors) from None
     kind, target = query_vector(index, q)
     knobs = resolve_knobs(index, settings, params)
     r = run_query(index, kind, target, knobs)

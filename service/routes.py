@@ -8,6 +8,7 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.responses import Response
 
 from index.index import Index
@@ -30,6 +31,21 @@ from service.settings import Settings
 
 #: Seconds /health waits for the store before answering 503.
 HEALTH_TIMEOUT = 5.0
+
+class _AnyPath(Convertor):
+    """Starlette's ``path`` convertor, but matching newlines too: an id the API stores
+    (``"a\nb"`` is valid JSON) must be addressable as ``/vectors/a%0Ab``."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("anypath", _AnyPath())
 
 IndexDep = Annotated[Index, Depends(get_index)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -61,7 +77,7 @@ def _observe(metrics: Metrics, results) -> None:
     "(wrong dimension, NaN/inf, all zeros, unsorted/duplicate/out-of-range indices) nothing "
     "is written and the 422 names it (e.g. `vectors[3].indices`). Dense vectors give "
     "`values`; sparse ones `indices` (strictly increasing) + `values`.",
-    responses=responses(401, 413, 422, 500, 503),
+    responses=responses(401, 408, 413, 422, 500, 503),
     openapi_extra=_body("UpsertRequest", {
         "batch": {"value": {"vectors": [
             {"id": "a", "values": [0.5, -1.0, 0.0, 2.0], "metadata": {"label": 3}},
@@ -78,7 +94,7 @@ async def upsert_vectors(request: Request, index: IndexDep, settings: SettingsDe
 
 
 @api.get(
-    "/vectors/{id:path}", response_model=VectorOut, tags=["vectors"],
+    "/vectors/{id:anypath}", response_model=VectorOut, tags=["vectors"],
     summary="Read a stored vector back",
     description="Values come back as stored (float32 for dense storage).",
     responses=responses(401, 404, 422, 500, 503),
@@ -88,7 +104,7 @@ async def get_vector(id: str, index: IndexDep) -> Response:
 
 
 @api.delete(
-    "/vectors/{id:path}", response_model=DeleteResponse, tags=["vectors"],
+    "/vectors/{id:anypath}", response_model=DeleteResponse, tags=["vectors"],
     summary="Delete a vector everywhere (404 if unknown)",
     responses=responses(401, 404, 422, 500, 503),
 )
@@ -137,7 +153,7 @@ async def neighbors(
     "\"values\": [...]}` plus optional `k`, `mode`, `min_similarity`, `candidates`, `bands` — "
     "answers a NeighborsResponse; `{\"queries\": [...]}` (knobs at the top apply to every "
     "query unless one overrides them) answers `{\"results\": [...]}` in the same order.",
-    responses=responses(401, 404, 413, 422, 500, 503),
+    responses=responses(401, 404, 408, 413, 422, 500, 503),
     openapi_extra=_body("SearchRequest", {
         "dense": {"value": {"vector": [0.5, -1.0, 0.0, 2.0], "k": 5}},
         "sparse": {"value": {"indices": [0, 3], "values": [1.0, 0.25], "mode": "exact"}},
@@ -179,6 +195,8 @@ async def stats(index: IndexDep, settings: SettingsDep) -> Response:
     def collect() -> dict:
         out = {"backend": settings.backend, "config": index.config.to_dict()}
         out.update(index.stats() or {})
+        if isinstance(out.get("store"), dict):  # no server file paths in responses
+            out["store"] = {k: v for k, v in out["store"].items() if k != "path"}
         out["count"] = int(index.count())
         out["service"] = {
             "max_k": settings.max_k, "default_k": settings.default_k,

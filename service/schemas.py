@@ -15,8 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
 Mode = Literal["lsh", "exact", "nrff"]
-#: Largest id, in bytes of UTF-8 (the index's limit).
-MAX_ID_BYTES = 512
+#: Largest id, in bytes of UTF-8: LMDB's key limit (511), so that an id the API accepts
+#: is storable on every backend (a 512-byte id passed validation and then failed in
+#: the LMDB store with a 500).
+MAX_ID_BYTES = 511
 
 
 def _id_bytes(v: str) -> str:
@@ -25,7 +27,7 @@ def _id_bytes(v: str) -> str:
     return v
 
 
-Id = Annotated[str, Field(min_length=1, description="external id (1 to 512 bytes of UTF-8)"),
+Id = Annotated[str, Field(min_length=1, description=f"external id (1 to {MAX_ID_BYTES} bytes of UTF-8)"),
                AfterValidator(_id_bytes)]
 
 #: Tags of the tagged unions below; they appear in pydantic error locations and
@@ -33,10 +35,19 @@ Id = Annotated[str, Field(min_length=1, description="external id (1 to 512 bytes
 UNION_TAGS = frozenset({"single", "batch"})
 
 
-class _Strict(BaseModel):
-    """Unknown fields are errors: a misspelt ``indicies`` must not silently mean dense."""
+#: A sparse index as sent: any 64-bit integer (range and order are checked against the
+#: index's dimension later, with a precise message). Beyond int64, numpy cannot hold it.
+Index = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
-    model_config = ConfigDict(extra="forbid")
+
+class _Strict(BaseModel):
+    """Unknown fields are errors: a misspelt ``indicies`` must not silently mean dense.
+
+    Strict types: ``true`` or ``"3"`` is not a number, as the schema says (JSON
+    integers still count as numbers).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # --- vectors -----------------------------------------------------------------------
@@ -47,7 +58,7 @@ class VectorIn(_Strict):
 
     id: Id
     values: list[float] = Field(description="dense values, or the nonzero values if sparse")
-    indices: list[int] | None = Field(
+    indices: list[Index] | None = Field(
         None, description="sparse: strictly increasing positions in [0, dim), one per value"
     )
     metadata: dict[str, Any] | None = Field(None, description="any JSON object, returned with hits")
@@ -106,7 +117,7 @@ class SearchQuery(QueryParams):
 
     id: Id | None = None
     vector: list[float] | None = None
-    indices: list[int] | None = None
+    indices: list[Index] | None = None
     values: list[float] | None = None
 
 

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     max_k: int = Field(1000, ge=1)
     default_k: int = Field(10, ge=1)
     max_candidates: int = Field(1_000_000, ge=1, description="cap on the rerank budget")
+    max_metadata_bytes: int = Field(
+        64 * 1024, ge=2, description="largest metadata of one vector, as JSON (it comes back with every hit)"
+    )
+    body_timeout: float = Field(
+        120.0, gt=0, description="seconds a client may take to send a request body; slower ones get 408"
+    )
 
     # --- security -----------------------------------------------------------------
     api_key: SecretStr | None = Field(None, description="when set, required in X-API-Key")
@@ -93,6 +99,29 @@ class Settings(BaseSettings):
     def location(self) -> str:
         """What :meth:`Index.open` gets: the Redis URL if any, else the LMDB directory."""
         return self.redis_url or self.index
+
+    @property
+    def safe_location(self) -> str:
+        """:attr:`location` fit for logs and messages: a Redis password is masked."""
+        if not self.redis_url:
+            return self.index
+        from index.redis_store import mask_url
+
+        return f"{mask_url(self.redis_url)} (prefix {self.prefix!r})"
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the Redis password (as given, and URL-decoded) replaced by ``***``."""
+        if not self.redis_url:
+            return text
+        from urllib.parse import unquote, urlsplit
+
+        try:
+            pw = urlsplit(self.redis_url).password
+        except ValueError:
+            return text.replace(self.redis_url, "<redis url>")
+        for secret in sorted({pw, unquote(pw)} if pw else (), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     @property
     def backend(self) -> str:

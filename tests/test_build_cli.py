@@ -34,7 +34,7 @@ from index.readers import InputFormatError, open_reader
 from service.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-SUBCOMMANDS = ["build", "serve", "query", "info", "check", "bench"]
+SUBCOMMANDS = ["build", "serve", "query", "info", "check", "bench", "snapshot"]
 SMALL = ["--bands", "16", "--rows", "4"]  # k = 64: quick to hash, plenty for the checks here
 
 
