@@ -452,7 +452,7 @@ class Index:
             q = self._query_vector(vector)
         qh = self._hashable(q if sp.issparse(q) else q[None, :])
         codes = self._codes(qh) if mode == "lsh" else None
-        return self._answer(q, qh, codes, exclude, *opts)
+        return self._answer(q, qh, codes, exclude, *opts, exclude_id=id)
 
     def query_batch(
         self,
@@ -493,7 +493,8 @@ class Index:
             raise VectorError("bands", f"must be between 1 and {self.config.bands}, got {bands}")
         return k, mode, min_similarity, budget, bands
 
-    def _answer(self, q, qh, codes, exclude, k, mode, min_similarity, budget, bands) -> QueryResult:
+    def _answer(self, q, qh, codes, exclude, k, mode, min_similarity, budget, bands,
+                exclude_id: str | None = None) -> QueryResult:
         q64 = qh if sp.issparse(qh) else qh[0]
         if mode == "lsh":
             iids, sims = self._lsh(q64, codes, exclude, budget, bands)
@@ -501,7 +502,7 @@ class Index:
             iids, sims = self._exact(q64, exclude)
         else:
             iids, sims = self._nrff(q, exclude, budget)
-        return self._result(mode, k, iids, sims, min_similarity)
+        return self._result(mode, k, iids, sims, min_similarity, exclude_id)
 
     @staticmethod
     def _check_k(k) -> int:
@@ -673,12 +674,15 @@ class Index:
         rho = np.clip(dots / (xn * qn), -1.0, 1.0)
         return iids[ok], np.exp(-self.config.gamma * (1.0 - rho))
 
-    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, min_similarity: float) -> QueryResult:
+    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, min_similarity: float,
+                exclude_id: str | None = None) -> QueryResult:
         """The best k scored candidates that are still live, with their ids and metadata.
 
         A candidate can be a retired version (replaced or deleted since this process
         cached it): it has no id any more. Such iids are skipped — the window widens
         until k live ones are found — and forgotten, so they stop taking rerank slots.
+        ``exclude_id`` (a query by id) is left out by name too: the id may have been
+        replaced by a new version since its iid was looked up.
         """
         scored = int(iids.shape[0])
         keep = sims >= min_similarity
@@ -693,7 +697,7 @@ class Index:
             for iid, s, name, m in zip(iids[sel].tolist(), sims[sel].tolist(), names, metas, strict=True):
                 if name is None:
                     self._forget(iid)
-                elif len(neighbors) < k:
+                elif len(neighbors) < k and name != exclude_id:
                     neighbors.append(Neighbor(name, float(s), orjson.loads(m) if m else None))
             start, window = start + window, window * 4
         return QueryResult(mode=mode, k=k, candidates=scored, neighbors=neighbors)
