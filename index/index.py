@@ -134,7 +134,7 @@ class _RowCache:
     def put(self, iids: np.ndarray, blobs: list[bytes]) -> int:
         """Fill rows for these iids from their blobs (those within the budget); returns how many."""
         keep = iids < self.max_rows
-        if not keep.any():
+        if not keep.shape[0] or not keep.any():
             return 0
         iids = iids[keep]
         values, norms = self._decode([b for b, k in zip(blobs, keep, strict=True) if k])
@@ -162,29 +162,29 @@ class _RowCache:
             values, norms = self._decode([b for b in blobs if b is not None])
             return iids[ok], values, norms, np.arange(values.shape[0], dtype=np.int64)
         with self._lock:
-            if int(iids.max()) >= self.values.shape[0]:
-                self._grow(int(iids.max()) + 1)
-            values, norms, have = self.values, self.norms, self.have
-        missing = iids[~have[iids]]
+            have = self.have if self.have.shape[0] > int(iids.max()) else None
+        missing = iids if have is None else iids[~have[iids]]
         if missing.shape[0]:
             blobs = store.fetch(missing, self.field)
             ok = np.array([b is not None for b in blobs], dtype=bool)
-            got = missing[ok]
-            if got.shape[0]:
-                v, nrm = self._decode([b for b in blobs if b is not None])
-                values[got] = v
-                norms[got] = nrm
-                have[got] = True
-            if not ok.all():  # retired between the bucket read and now
+            self.put(missing[ok], [b for b in blobs if b is not None])
+            if not ok.all():  # retired between the candidate read and now
                 iids = iids[~np.isin(iids, missing[~ok])]
+        with self._lock:
+            values, norms = self.values, self.norms
         live = iids.astype(np.int64)
         return live, values, norms, live
+
+
+def is_redis(location) -> bool:
+    """Whether a location names a Redis server rather than an LMDB directory."""
+    return str(location).startswith(("redis://", "rediss://", "unix://"))
 
 
 def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
     """A directory → LMDB; a ``redis://`` / ``rediss://`` URL → Redis."""
     loc = str(location)
-    if loc.startswith(("redis://", "rediss://", "unix://")):
+    if is_redis(loc):
         from index.redis_store import RedisStore
 
         return RedisStore(loc, prefix=prefix, **options)
@@ -248,13 +248,12 @@ class Index:
     ) -> Index:
         """Open (or create, given a config) the index at a directory or Redis URL."""
         loc = str(location)
-        is_redis = loc.startswith(("redis://", "rediss://", "unix://"))
         shown = loc
-        if is_redis:
+        if is_redis(loc):
             from index.redis_store import mask_url
 
             shown = mask_url(loc)  # error messages never carry a password
-        if not is_redis and config is None and not (Path(loc) / "data.mdb").exists():
+        elif config is None and not (Path(loc) / "data.mdb").exists():
             raise FileNotFoundError(f"index: no index at {shown}; create one by giving its parameters (dim, ...)")
         store = open_store(loc, prefix=prefix, **store_options)
         try:
@@ -289,10 +288,10 @@ class Index:
                 row_of = np.repeat(np.arange(X32.shape[0]), np.diff(X32.indptr))
                 rows_nonzero = np.bincount(row_of[values != 0], minlength=X32.shape[0]) > 0
         # What float32 storage did to valid float64 input: overflow to inf, underflow to 0.
-        if not np.isfinite(values).all():
-            bad = np.flatnonzero(~np.isfinite(values).reshape(values.shape[0], -1).all(axis=1))[0]
-            if sp.issparse(X32):
-                bad = np.searchsorted(X32.indptr, np.flatnonzero(~np.isfinite(values))[0], "right") - 1
+        finite = np.isfinite(values)
+        if not finite.all():
+            pos = int(np.flatnonzero(~finite.ravel())[0])
+            bad = np.searchsorted(X32.indptr, pos, "right") - 1 if sp.issparse(X32) else pos // cfg.dim
             raise NonFiniteError(f"{field_name}[{int(bad)}]", "a value overflows float32, the stored precision")
         if not rows_nonzero.all():
             raise ZeroVectorError(f"{field_name}[{int(np.flatnonzero(~rows_nonzero)[0])}]",
@@ -303,12 +302,10 @@ class Index:
         """Stored values as sketches and norms see them: the centre subtracted, if any."""
         if sp.issparse(X32) or self._center is None:
             return X32  # the kernels widen float32 to float64 themselves
-        X = X32.astype(np.float64)
-        if self._center is not None:
-            X = X - self._center
-            empty = np.flatnonzero(~X.any(axis=1))
-            if empty.size:
-                raise ZeroVectorError(f"vectors[{int(empty[0])}]", "equals the index centre: nothing to sample")
+        X = X32.astype(np.float64) - self._center
+        empty = np.flatnonzero(~X.any(axis=1))
+        if empty.size:
+            raise ZeroVectorError(f"vectors[{int(empty[0])}]", "equals the index centre: nothing to sample")
         return X
 
     def _codes(self, Xh) -> np.ndarray:
@@ -390,25 +387,41 @@ class Index:
             raise UnknownIdError(ext_id)
         return iid
 
-    def get(self, ext_id: str) -> StoredVector:
-        """The stored vector (float32 values) and metadata of an id.
+    def _decode(self, blobs: list[bytes]):
+        """Vector blobs → (rows, L1 norms): float32 dense rows or a CSR matrix, per the storage."""
+        if self.config.storage == "dense":
+            return codec.decode_dense(blobs, self.config.dim)
+        return codec.decode_sparse(blobs, self.config.dim)
+
+    def _fetch_vectors(self, iids: np.ndarray):
+        """(live iids, rows, norms) of these iids, in one store call; retired ones are dropped."""
+        blobs = self.store.fetch(iids, "vector")
+        ok = np.array([b is not None for b in blobs], dtype=bool)
+        X, norms = self._decode([b for b in blobs if b is not None])
+        return iids[ok], X, norms
+
+    def _read(self, ext_id: str, with_meta: bool):
+        """(iid, vector blob, metadata blob) of an id, all of one version.
 
         A record under an iid never changes, so its blobs cannot mix versions — unless
-        the id is replaced (its iid retired) between the two reads; then read again.
+        the id is replaced (its iid retired) between the reads; then read again.
         """
         for _ in range(8):
-            iid = np.array([self._iid(ext_id)], dtype=np.int64)
-            blob = self.store.fetch(iid, "vector")[0]
-            meta = self.store.fetch(iid, "meta")[0]
-            if blob is not None and (meta is not None or int(self.store.lookup([ext_id])[0]) == int(iid[0])):
-                break
-        else:
-            raise UnknownIdError(ext_id)
+            iid = self._iid(ext_id)
+            at = np.array([iid], dtype=np.int64)
+            blob = self.store.fetch(at, "vector")[0]
+            meta = self.store.fetch(at, "meta")[0] if with_meta else None
+            if blob is not None and (not with_meta or meta is not None or int(self.store.lookup([ext_id])[0]) == iid):
+                return iid, blob, meta
+        raise UnknownIdError(ext_id)
+
+    def get(self, ext_id: str) -> StoredVector:
+        """The stored vector (float32 values) and metadata of an id."""
+        _, blob, meta = self._read(ext_id, with_meta=True)
+        X, _ = self._decode([blob])
         meta = orjson.loads(meta) if meta else None
         if self.config.storage == "dense":
-            values, _ = codec.decode_dense([blob], self.config.dim)
-            return StoredVector(ext_id, values[0].copy(), None, meta)
-        X, _ = codec.decode_sparse([blob], self.config.dim)
+            return StoredVector(ext_id, X[0].copy(), None, meta)
         return StoredVector(ext_id, X.data.copy(), X.indices.astype(np.int64), meta)
 
     def _query_vector(self, vector):
@@ -423,10 +436,10 @@ class Index:
         return X32 if sp.issparse(X32) else X32[0]
 
     def _stored_query(self, ext_id: str):
-        sv = self.get(ext_id)
-        if sv.indices is None:
-            return sv.values
-        return sp.csr_matrix((sv.values, sv.indices, [0, sv.indices.size]), shape=(1, self.config.dim))
+        """(iid, stored vector as a query: 1-D float32, or a 1-row CSR) of one version of an id."""
+        iid, blob, _ = self._read(ext_id, with_meta=False)
+        X, _ = self._decode([blob])
+        return iid, (X if sp.issparse(X) else X[0].copy())
 
     # --- query ----------------------------------------------------------------------
     def query(
@@ -446,8 +459,7 @@ class Index:
         opts = self._check_options(k, mode, min_similarity, candidates, bands)
         exclude = -1
         if id is not None:
-            exclude = self._iid(id)
-            q = self._stored_query(id)
+            exclude, q = self._stored_query(id)
         else:
             q = self._query_vector(vector)
         qh = self._hashable(q if sp.issparse(q) else q[None, :])
@@ -607,10 +619,8 @@ class Index:
             if self._center is not None:
                 return live, score_rows(q64, self._centred(values[rows]), None, norms[rows])
             return live, score_rows(q64, values, rows, norms)
-        blobs = self.store.fetch(iids, "vector")
-        ok = np.array([b is not None for b in blobs], dtype=bool)
-        X, norms = codec.decode_sparse([b for b in blobs if b is not None], self.config.dim)
-        return iids[ok], score_rows(q64, X, None, norms)
+        live, X, norms = self._fetch_vectors(iids)
+        return live, score_rows(q64, X, None, norms)
 
     def _centred(self, X):
         if self._center is None or sp.issparse(X):
@@ -621,10 +631,7 @@ class Index:
         """Brute force over every stored vector: the ground truth."""
         all_iids, all_sims = [], []
         for iids, blobs in self.store.scan("vector"):
-            if self.config.storage == "dense":
-                X, norms = codec.decode_dense(blobs, self.config.dim)
-            else:
-                X, norms = codec.decode_sparse(blobs, self.config.dim)
+            X, norms = self._decode(blobs)
             all_iids.append(iids)
             all_sims.append(score_rows(q64, self._centred(X), None, norms))
         if not all_iids:
@@ -654,25 +661,21 @@ class Index:
         return self._rbf(q, top)
 
     def _rbf(self, q, iids: np.ndarray):
-        blobs = self.store.fetch(iids, "vector")
-        ok = np.array([b is not None for b in blobs], dtype=bool)
-        live = [b for b in blobs if b is not None]
-        if self.config.storage == "dense":
-            X, _ = codec.decode_dense(live, self.config.dim)
-            X = X.astype(np.float64)
+        """Exact RBF on the correlation, exp(−γ(1 − ρ)), of the query against these iids."""
+        live, X, _ = self._fetch_vectors(iids)
+        X = X.astype(np.float64)
+        if not sp.issparse(X):
             qv = np.asarray(q, dtype=np.float64)
             dots = X @ qv
             xn = np.linalg.norm(X, axis=1)
             qn = np.linalg.norm(qv)
         else:
-            X, _ = codec.decode_sparse(live, self.config.dim)
-            X = X.astype(np.float64)
             qs = sp.csr_matrix(q, dtype=np.float64)
             dots = np.asarray((X @ qs.T).todense()).ravel()
             xn = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
             qn = math.sqrt(float(qs.multiply(qs).sum()))
         rho = np.clip(dots / (xn * qn), -1.0, 1.0)
-        return iids[ok], np.exp(-self.config.gamma * (1.0 - rho))
+        return live, np.exp(-self.config.gamma * (1.0 - rho))
 
     def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, min_similarity: float,
                 exclude_id: str | None = None) -> QueryResult:
@@ -711,10 +714,7 @@ class Index:
     # --- housekeeping ---------------------------------------------------------------
     def sketch_stored(self, blobs: list[bytes]) -> np.ndarray:
         """Packed sketches of stored vector blobs: exactly what an upsert stored for them."""
-        if self.config.storage == "dense":
-            X, _ = codec.decode_dense(blobs, self.config.dim)
-        else:
-            X, _ = codec.decode_sparse(blobs, self.config.dim)
+        X, _ = self._decode(blobs)
         return gcws.pack_codes(self._codes(self._hashable(X)), self.config.bits)
 
     def warm(self, vectors: bool = True) -> int:
