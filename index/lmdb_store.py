@@ -30,6 +30,7 @@ named databases), so it waits for a write batch in progress elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -479,12 +480,7 @@ class LmdbStore:
         db = self._field_db(field)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
-        env = self._live_env()
-        try:
-            txn = env.begin(buffers=False)
-        except lmdb.Error as e:
-            raise self._wrap(e) from e
-        try:
+        with self._snapshot_txn() as txn:
             it = txn.cursor(db=db).iternext(keys=True, values=True)
             while True:
                 try:
@@ -500,6 +496,17 @@ class LmdbStore:
                 yield _iids_of_keys([k for k, _ in chunk]), [v for _, v in chunk]
                 if len(chunk) < batch_size:
                     return
+
+    @contextlib.contextmanager
+    def _snapshot_txn(self) -> Iterator[lmdb.Transaction]:
+        """One read transaction a scan may hold across its yields; always released."""
+        env = self._live_env()
+        try:
+            txn = env.begin(buffers=False)
+        except lmdb.Error as e:
+            raise self._wrap(e) from e
+        try:
+            yield txn
         finally:
             try:
                 txn.abort()
@@ -508,12 +515,7 @@ class LmdbStore:
 
     def scan_buckets(self, chunk: int = 1024) -> Iterator[tuple[bytes, np.ndarray]]:
         """Every bucket as (band key, member iids uint32), in key order, from one snapshot."""
-        env = self._live_env()
-        try:
-            txn = env.begin(buffers=False)
-        except lmdb.Error as e:
-            raise self._wrap(e) from e
-        try:
+        with self._snapshot_txn() as txn:
             keys_it = txn.cursor(db=self._buckets).iternext_nodup(keys=True, values=False)
             reader = txn.cursor(db=self._buckets)
             while True:
@@ -541,11 +543,6 @@ class LmdbStore:
                         yield key, vals[s:e].copy()
                 if len(batch) < chunk:
                     return
-        finally:
-            try:
-                txn.abort()
-            except lmdb.Error:
-                pass
 
     def count(self) -> int:
         """Number of live vectors (exact: maintained inside every write transaction)."""
@@ -606,12 +603,7 @@ class LmdbStore:
     def scan_ids(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
         """Every (external id, iid) of the id map, from one snapshot: for the integrity check,
         which must also find ids whose vector is gone (a scan of vectors cannot)."""
-        env = self._live_env()
-        try:
-            txn = env.begin(buffers=False)
-        except lmdb.Error as e:
-            raise self._wrap(e) from e
-        try:
+        with self._snapshot_txn() as txn:
             it = txn.cursor(db=self._ext2iid).iternext(keys=True, values=True)
             while True:
                 try:
@@ -623,11 +615,6 @@ class LmdbStore:
                 names = [k.decode("utf-8", errors="replace") for k, _ in chunk]
                 iids = np.array([int.from_bytes(v, "big") if len(v) == 4 else -1 for _, v in chunk], dtype=np.int64)
                 yield names, iids
-        finally:
-            try:
-                txn.abort()
-            except lmdb.Error:
-                pass
 
     def snapshot(self, dest: str | os.PathLike) -> Path:
         """A consistent hot copy of the environment in the new directory ``dest``.
