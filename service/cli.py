@@ -67,24 +67,23 @@ def _opt(p: argparse.ArgumentParser | argparse._ArgumentGroup, *flags: str, dest
     return p.add_argument(*flags, dest=dest, help=help, **kw)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {v}")
-    return v
+def _int_at_least(low: int):
+    """An argparse type: a whole number ≥ ``low``, with a one-line error otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {v}")
+        return v
+
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {v}")
-    return v
+_positive_int = _int_at_least(1)
+_nonneg_int = _int_at_least(0)
 
 
 def _fraction(text: str) -> float:
