@@ -70,41 +70,74 @@ def agreement2(q, S, rows):
     return out
 
 
+#: Words of each row the first stage of the scan reads (256 samples: 64 bytes).
+FIRST_WORDS = 8
+
+def first_words(S: np.ndarray) -> np.ndarray:
+    """The first-stage words of packed rows, word-major ``(FIRST_WORDS, n)``: what the scan reads.
+
+    Rows narrower than ``FIRST_WORDS`` are padded with zero words (equal on both
+    sides: a constant offset).
+    """
+    F = np.zeros((FIRST_WORDS, S.shape[0]), dtype=np.uint64)
+    w1 = min(FIRST_WORDS, S.shape[1])
+    F[:w1] = S[:, :w1].T
+    return F
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _agree(x):
+    """Agreeing 2-bit codes in a word of XORed codes."""
+    return _popcount(~(x | (x >> np.uint64(1))) & _M01)
+
+
 @njit(nogil=True, cache=True)
-def _scan_scores(q, S, have, n, w, scores):
-    """Agreement over the first ``w`` words of every row < n (−1 where ``have`` is 0); branch-free."""
+def _scan_scores(q, F, have, n, scores):
+    """Agreement of ``q`` with every row < n over the 8 words of word-major ``F``; −1 where ``have`` is 0.
+
+    Word-major, with the 8 words unrolled, so the loop runs over rows: one
+    XOR/popcount lane per row, 8 rows an AVX-512 instruction, no horizontal
+    sums and no store between words (measured 54 µs for 60,000 rows; 79 with a
+    loop over words, 380 row-major).
+    """
+    q0, q1, q2, q3, q4, q5, q6, q7 = q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]
+    f0, f1, f2, f3, f4, f5, f6, f7 = F[0], F[1], F[2], F[3], F[4], F[5], F[6], F[7]
     for r in range(n):
-        cnt = np.uint64(0)
-        for j in range(w):
-            x = S[r, j] ^ q[j]
-            cnt += _popcount(~(x | (x >> np.uint64(1))) & _M01)
+        c = (_agree(f0[r] ^ q0) + _agree(f1[r] ^ q1) + _agree(f2[r] ^ q2) + _agree(f3[r] ^ q3)
+             + _agree(f4[r] ^ q4) + _agree(f5[r] ^ q5) + _agree(f6[r] ^ q6) + _agree(f7[r] ^ q7))
         h = np.int32(have[r])
-        scores[r] = np.int32(cnt) * h + (h - 1)
+        scores[r] = np.int32(c) * h + (h - 1)
 
 
 @njit(nogil=True, cache=True)
 def _best(scores, rows, c, top):
-    """The ``c`` best of ``scores`` (−1 = absent) by a counting selection; fills ``rows``/``out``."""
-    hist = np.zeros(top + 2, dtype=np.int64)
-    live = 0
-    for s in scores:
-        if s >= 0:
-            hist[s] += 1
-            live += 1
+    """The ``c`` best of ``scores`` (−1 = absent) by a counting selection; fills ``rows``/``out``.
+
+    The histogram is kept four times over (row i counts in copy i mod 4) so that
+    runs of equal scores do not serialise on one counter.
+    """
+    hists = np.zeros((4, top + 2), dtype=np.int64)
+    n = scores.shape[0]
+    for i in range(n):
+        hists[i & 3, scores[i] + 1] += 1  # −1 (absent) lands in bin 0
+    hist = hists[0] + hists[1] + hists[2] + hists[3]
+    live = n - hist[0]
     c = min(c, live)
-    cut = top + 1  # lowest score that still makes the cut, and how many at exactly it fit
+    cut = top  # lowest score that still makes the cut, and how many at exactly it fit
     taken = 0
-    while cut > 0 and taken + hist[cut] < c:
-        taken += hist[cut]
+    while cut > 0 and taken + hist[cut + 1] < c:
+        taken += hist[cut + 1]
         cut -= 1
     room = c - taken
     keep = np.empty(c, dtype=np.int64)
     out = np.empty(c, dtype=np.int32)
     t = 0
-    for i in range(scores.shape[0]):
+    for i in range(n):
         s = scores[i]
-        if s > cut or (s == cut and room > 0 and s >= 0):
+        if s >= cut and s >= 0:
             if s == cut:
+                if room == 0:
+                    continue
                 room -= 1
             keep[t] = rows[i]
             out[t] = s
@@ -113,23 +146,26 @@ def _best(scores, rows, c, top):
 
 
 @njit(nogil=True, cache=True)
-def top_by_agreement(q, S, have, n, c):
+def top_by_agreement(q, S, F, have, n, c):
     """Rows ``< n`` with ``have`` set whose agreement with ``q`` is among the ``c`` highest.
 
     The scan that replaces bucket reads when every sketch of the index is in
-    memory, in two stages: the first 8 words (256 samples: one cache line a row)
-    of every row pick the best max(4·c, 1024), then all words rank those. Measured on
-    Fashion-MNIST the first stage loses almost nothing (recall@10 0.993 vs 0.994
-    at c = 200) and reads half the bytes. Counting selections over the small
-    integer scores, so no sort of n values. Returns (rows, scores), unordered.
+    memory, in two stages: the first-stage words (``F``, word-major, from
+    :func:`first_words`) of every row pick the best max(4·c, 1024), then all
+    words of ``S`` rank those. Measured on Fashion-MNIST the first stage loses
+    almost nothing (recall@10 0.993 vs 0.994 at c = 200) and reads half the
+    bytes. Counting selections over the small integer scores, so no sort of n
+    values. ``q`` and ``S`` have at least ``FIRST_WORDS`` words (``pack2`` with
+    ``words`` a multiple of 8). Returns (rows, scores), unordered.
     """
     w = q.shape[0]
-    w1 = min(8, w)
+    w1 = FIRST_WORDS
+    if w < w1 or S.shape[1] != w or F.shape[0] != w1:
+        raise ValueError("top_by_agreement: q and S need the same number of words, at least FIRST_WORDS")
     scores = np.empty(n, dtype=np.int32)
-    _scan_scores(q, S, have, n, w1, scores)
+    _scan_scores(q, F, have, n, scores)
     first, _ = _best(scores, np.arange(n), max(4 * c, 1024) if w > w1 else c, w1 * SAMPLES_PER_WORD)
     if w == w1:
-        return _best(scores[first], first, c, w1 * SAMPLES_PER_WORD) if first.shape[0] > c else \
-            (first, scores[first])
+        return first, scores[first]
     full = agreement2(q, S, first)
     return _best(full, first, c, w * SAMPLES_PER_WORD)

@@ -11,11 +11,13 @@ Two vectors share ``(i*, t*)`` with probability GMM(u, v) (Theorem 1) and share
 ``i*`` with probability ≈ GMM (the 0-bit scheme).
 
 Speed comes from three things: the constants of a coordinate are computed once
-per call (or once per process, in a table) instead of once per vector; the
-sampling kernel walks the samples in blocks of ``_JB`` so the constants of a
-block stay in L2 while a chunk of vectors streams through it; and rows are
-spread over threads with ``prange``.  The table and the table-free path run the
-same float64 arithmetic on the same constants, so they are bit-identical.
+per call (or once per process, in a table) instead of once per vector; the table
+is coordinate-major and float32, so one nonzero reads its constants for all k
+samples as one contiguous run (16 bytes a sample: 12 MB for 784 dimensions and
+k = 480, which stays in cache between queries); and rows are spread over
+threads with ``prange``. The constants are computed in float64 and rounded to
+float32 once, when they are made; the sampling arithmetic is float64 on every
+path (DESIGN §1), so the table and the table-free path are bit-identical.
 """
 
 from __future__ import annotations
@@ -29,26 +31,33 @@ from numba import njit, prange
 
 from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
 from core.rng import coord_key, hash_code, uniform
-from core.validate import check_batch, check_sparse
+from core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse
 
-#: Samples handled together by the kernel (4 AVX-512 registers of float64). Measured
-#: on Fashion-MNIST, k=256, one Zen 4 core: 16 → 13.5k, 32 → 16.9k, 64 → 17.2k vectors/s.
+#: Samples handled together by the innermost loop (4 AVX-512 registers of float64).
 _JB = 32
 #: Vectors per parallel work item.
 _CHUNK = 64
+#: Most blocks of samples one pass over a vector's nonzeros updates (512 samples:
+#: 16 KB of running minima, in L1); larger k takes several passes.
+_GROUP = 16
+#: Bytes of table per (coordinate, sample): four float32 constants.
+_BYTES_PER_CONSTANT = 16
 #: Largest constant table kept per process (bytes); beyond it the table-free path runs.
 TABLE_BUDGET_BYTES = 64 << 20
 
 
 def _fill_constants_impl(coords, k, seed):
-    """Per-(coordinate, sample) constants, block-major: (ceil(k/_JB), len(coords), 4, _JB).
+    """Per-(coordinate, sample) constants, coordinate-major: (len(coords), ceil(k/_JB), 4, _JB) float32.
 
     Slot 0 = 1/r, 1 = β, 2 = ln c − r(1 − β), 3 = r, so that
-    ``t = ⌊ln ũ · (1/r) + β⌋`` and ``ln a = slot2 − r·t``. Samples past ``k`` in the
-    last block are real samples too (they are simply not reported).
+    ``t = ⌊ln ũ · (1/r) + β⌋`` and ``ln a = slot2 − r·t``. Each is computed in
+    float64 and rounded to float32 (a relative change of 6e-8: the constants are
+    still draws of the same distributions, and the kernels read half the bytes).
+    Samples past ``k`` in the last block are real samples too (they are simply not
+    reported).
     """
     nblk = (k + _JB - 1) // _JB
-    out = np.empty((nblk, coords.shape[0], 4, _JB), dtype=np.float64)
+    out = np.empty((coords.shape[0], nblk, 4, _JB), dtype=np.float32)
     s = np.uint64(seed)
     for a in prange(coords.shape[0]):
         ck = coord_key(s, np.uint64(coords[a]))
@@ -59,10 +68,10 @@ def _fill_constants_impl(coords, k, seed):
             b = uniform(ck, uj, np.uint64(4))
             blk = j // _JB
             jj = j - blk * _JB
-            out[blk, a, 0, jj] = 1.0 / r
-            out[blk, a, 1, jj] = b
-            out[blk, a, 2, jj] = math.log(c) - r * (1.0 - b)
-            out[blk, a, 3, jj] = r
+            out[a, blk, 0, jj] = 1.0 / r
+            out[a, blk, 1, jj] = b
+            out[a, blk, 2, jj] = math.log(c) - r * (1.0 - b)
+            out[a, blk, 3, jj] = r
     return out
 
 
@@ -70,86 +79,163 @@ def _fill_constants_impl(coords, k, seed):
 def _block_step(lx, p, invr, beta, base, rate, best_in, arg_in, best_out, arg_out):
     """One nonzero against one block of samples: contiguous 1-D arrays, so it vectorizes.
 
-    Reads the running minimum from one buffer and writes it to another: an
-    in-place update is turned into masked stores by LLVM, which stall the
-    store-to-load forwarding the next nonzero depends on.
+    The float32 constants are widened: the arithmetic is float64. Reads the
+    running minimum from one buffer and writes it to another: an in-place update
+    is turned into masked stores by LLVM, which stall the store-to-load
+    forwarding the next nonzero depends on.
     """
     for jj in range(_JB):
-        la = base[jj] - rate[jj] * np.floor(lx * invr[jj] + beta[jj])
+        la = np.float64(base[jj]) - np.float64(rate[jj]) * np.floor(lx * np.float64(invr[jj]) + np.float64(beta[jj]))
         b = best_in[jj]
         a = arg_in[jj]
         best_out[jj] = min(la, b)
         arg_out[jj] = p if la < b else a
 
 
-def _sample_impl(indptr, rows, coords, logs, table, k, out_i, out_t):
-    """Core GCWS loop: for each vector and sample, the argmin of ln a over its nonzeros.
+@njit(nogil=True, cache=True, inline="always")
+def _sample_vector(v, p0, p1, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t):
+    """Samples of one vector, whose nonzeros are ``p0 ≤ p < p1``, into row ``v`` of the outputs.
 
     ``rows[p]`` is the table row of nonzero ``p``; ``coords[p]`` its 2D coordinate
-    (reported as i*). Ties keep the first (smallest) coordinate. A chunk of
-    vectors walks one block of samples at a time so that block stays in cache.
+    (reported as i*). Ties keep the first (smallest) coordinate. Coordinate-major:
+    each nonzero updates up to ``best.shape[1]`` blocks of samples from one
+    contiguous run of the table, which the hardware prefetches well, while the
+    running minima stay in L1. (Walking one block for a chunk of vectors instead
+    keeps less in cache but measured 15–20 % slower on one core.)
     """
+    nblk = table.shape[1]
+    group = best.shape[1]
+    for g0 in range(0, nblk, group):
+        g1 = min(nblk, g0 + group)
+        best[0] = np.inf
+        arg[0] = 0
+        cur = 0
+        for q in range(p1 - p0):  # q: the nonzero's position within the vector
+            p = p0 + q
+            c = table[rows[p]]
+            lx = logs[p]
+            for blk in range(g0, g1):
+                cb = c[blk]
+                g = blk - g0
+                _block_step(lx, q, cb[0], cb[1], cb[2], cb[3], best[cur, g], arg[cur, g], best[1 - cur, g],
+                            arg[1 - cur, g])
+            cur = 1 - cur
+        for blk in range(g0, g1):
+            for jj in range(min(_JB, k - blk * _JB)):
+                p = p0 + arg[cur, blk - g0, jj]
+                out_i[v, blk * _JB + jj] = coords[p]
+                if want_t:
+                    cb = table[rows[p], blk]
+                    t = np.floor(logs[p] * np.float64(cb[0, jj]) + np.float64(cb[1, jj]))
+                    out_t[v, blk * _JB + jj] = np.int64(t)
+
+
+def _minima(nblk):
+    g = min(nblk, _GROUP)
+    return np.empty((2, g, _JB)), np.empty((2, g, _JB), dtype=np.int64)
+
+
+def _sample_split_impl(indptr, rows, coords, logs, table, k, out_i, out_t, want_t):
+    """GCWS of already sign-split rows (CSR over the 2D space), chunks of rows in parallel."""
     n = indptr.shape[0] - 1
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    for ch in prange(nchunks):
+    for ch in prange((n + _CHUNK - 1) // _CHUNK):
+        best, arg = _minima(table.shape[1])
+        for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
+            _sample_vector(v, indptr[v], indptr[v + 1], rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
+
+
+def _sample_dense_impl(X, rowmap, table, k, out_i, out_t, want_t):
+    """GCWS of dense rows: each chunk is sign-split into small local buffers, then sampled.
+
+    Splitting a whole batch first would write 16 bytes per nonzero to fresh memory
+    (376 MB for Fashion-MNIST's 60,000 rows) and spend its time in page faults.
+    ``rowmap[c]`` is the table row of 2D coordinate ``c``.
+    """
+    n, d = X.shape
+    for ch in prange((n + _CHUNK - 1) // _CHUNK):
+        best, arg = _minima(table.shape[1])
         lo = ch * _CHUNK
         hi = min(n, lo + _CHUNK)
-        best = np.empty((2, _JB))
-        arg = np.empty((2, _JB), dtype=np.int64)
-        for blk in range(table.shape[0]):
-            tb = table[blk]
-            jb = blk * _JB
-            jn = min(_JB, k - jb)
-            for v in range(lo, hi):
-                best[0, :] = np.inf
-                arg[0, :] = indptr[v]
-                cur = 0
-                for p in range(indptr[v], indptr[v + 1]):
-                    c = tb[rows[p]]
-                    _block_step(logs[p], p, c[0], c[1], c[2], c[3], best[cur], arg[cur], best[1 - cur], arg[1 - cur])
-                    cur = 1 - cur
-                for jj in range(jn):
-                    p = arg[cur, jj]
-                    c = tb[rows[p]]
-                    out_i[v, jb + jj] = coords[p]
-                    out_t[v, jb + jj] = np.int64(np.floor(logs[p] * c[0, jj] + c[1, jj]))
+        size = (hi - lo) * d
+        coords = np.empty(size, dtype=np.int64)
+        rows = np.empty(size, dtype=np.int64)
+        logs = np.empty(size, dtype=np.float64)
+        p = 0
+        for v in range(lo, hi):
+            p0 = p
+            for i in range(d):
+                # Widen first: numba's log of a float32 is a float32, and sketches must not
+                # depend on the input's dtype.
+                x = np.float64(X[v, i])
+                if x != 0.0:
+                    c = 2 * i if x > 0.0 else 2 * i + 1
+                    coords[p] = c
+                    rows[p] = rowmap[c]
+                    logs[p] = math.log(abs(x))
+                    p += 1
+            _sample_vector(v, p0, p, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
+
+
+@njit(nogil=True, cache=True)
+def _dense_coords(X):
+    """The 2D coordinates that are nonzero in some row (the sign split of every column)."""
+    n, d = X.shape
+    used = np.zeros(2 * d, dtype=np.bool_)
+    for v in range(n):
+        for i in range(d):
+            x = X[v, i]
+            if x > 0:
+                used[2 * i] = True
+            elif x < 0:
+                used[2 * i + 1] = True
+    return np.flatnonzero(used)
 
 
 _fill_constants = njit(nogil=True, parallel=True, cache=True)(_fill_constants_impl)
 _fill_constants_serial = njit(nogil=True, cache=True)(_fill_constants_impl)
-_sample = njit(nogil=True, parallel=True, cache=True)(_sample_impl)
-_sample_serial = njit(nogil=True, cache=True)(_sample_impl)
+_minima = njit(nogil=True, cache=True, inline="always")(_minima)
+_sample_split = njit(nogil=True, parallel=True, cache=True)(_sample_split_impl)
+_sample_split_serial = njit(nogil=True, cache=True)(_sample_split_impl)
+_sample_dense = njit(nogil=True, parallel=True, cache=True)(_sample_dense_impl)
+_sample_dense_serial = njit(nogil=True, cache=True)(_sample_dense_impl)
 
 
 @njit(nogil=True, cache=True)
-def _split_dense(X, center, use_center):
-    """Sign-split dense rows into CSR over the 2D space with ln ũ as the values."""
+def _first_bad_row(X):
+    """(row, problem) of the first row with a non-finite value (1) or no nonzero (2); (−1, 0) if none."""
     n, d = X.shape
-    indptr = np.zeros(n + 1, dtype=np.int64)
     for v in range(n):
-        cnt = 0
+        nonzero = False
         for i in range(d):
-            x = np.float64(X[v, i]) - center[i] if use_center else np.float64(X[v, i])
+            x = np.float64(X[v, i])
+            if not math.isfinite(x):
+                return v, 1
             if x != 0.0:
-                cnt += 1
-        indptr[v + 1] = indptr[v] + cnt
-    coords = np.empty(indptr[n], dtype=np.int64)
-    logs = np.empty(indptr[n], dtype=np.float64)
-    for v in range(n):
-        p = indptr[v]
-        for i in range(d):
-            # Widen first: numba's log of a float32 is a float32, and sketches must not
-            # depend on the input's dtype.
-            x = np.float64(X[v, i]) - center[i] if use_center else np.float64(X[v, i])
-            if x > 0.0:
-                coords[p] = 2 * i
-                logs[p] = math.log(x)
-                p += 1
-            elif x < 0.0:
-                coords[p] = 2 * i + 1
-                logs[p] = math.log(-x)
-                p += 1
-    return indptr, coords, logs
+                nonzero = True
+        if not nonzero:
+            return v, 2
+    return -1, 0
+
+
+def _dense_batch(X, check: bool) -> np.ndarray:
+    """A dense batch as a contiguous 2-D array of its own numeric dtype, validated unless ``check=False``.
+
+    Integer and float32/64 input is checked in one pass without a float64 copy (the
+    kernels widen values themselves); anything else goes through ``check_batch``.
+    """
+    A = np.asarray(X)
+    if A.dtype.kind not in "iuf" or A.dtype.itemsize < 4 and A.dtype.kind == "f" or A.ndim not in (1, 2):
+        return check_batch(X) if check else np.ascontiguousarray(np.atleast_2d(A), dtype=np.float64)
+    A = np.ascontiguousarray(np.atleast_2d(A))
+    if check:
+        if A.shape[1] == 0:
+            return check_batch(A)  # names the problem
+        row, problem = _first_bad_row(A)
+        if problem == 1:
+            raise NonFiniteError(f"vectors[{row}]", "values must be finite")
+        if problem == 2:
+            raise ZeroVectorError(f"vectors[{row}]", "all-zero vector: GMM is undefined (0/0) for it")
+    return A
 
 
 @njit(nogil=True, cache=True)
@@ -168,7 +254,7 @@ def _split_csr(indptr_in, indices, data):
     for v in range(n):
         q = indptr[v]
         for p in range(indptr_in[v], indptr_in[v + 1]):
-            x = np.float64(data[p])  # widen first (see _split_dense)
+            x = np.float64(data[p])  # widen first (see _sample_dense_impl)
             if x > 0.0:
                 coords[q] = 2 * np.int64(indices[p])
                 logs[q] = math.log(x)
@@ -192,42 +278,56 @@ def constant_table(dim2: int, k: int, seed: int) -> np.ndarray:
 def table_fits(dim: int, k: int, budget: int = TABLE_BUDGET_BYTES) -> bool:
     """Whether a full constant table for ``dim`` input dimensions and ``k`` samples fits."""
     padded = -(-k // _JB) * _JB
-    return 2 * dim * padded * 32 <= budget
+    return 2 * dim * padded * _BYTES_PER_CONSTANT <= budget
 
 
-def _as_split(X, center, check: bool = True):
-    """Input → (n, dim, indptr, coords, logs) over the 2D space (validated unless ``check=False``)."""
-    if not check and center is None:
-        if sp.issparse(X):
-            X = X if sp.isspmatrix_csr(X) and X.has_sorted_indices else sp.csr_matrix(X)
-            return X.shape[0], X.shape[1], *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
-        X = np.ascontiguousarray(np.atleast_2d(X))
-        return X.shape[0], X.shape[1], *_split_dense(X, np.zeros(1), False)
+def _prepare(X, center, check: bool = True):
+    """Input → ("dense", A) or ("split", (n, dim, indptr, coords, logs)), validated unless ``check=False``.
+
+    Dense rows are split inside the sampling kernel; CSR rows are split here (it
+    costs one pass over their nonzeros only).
+    """
     if sp.issparse(X) and center is None:
-        X = check_batch(X)
-        return X.shape[0], X.shape[1], *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data)
+        if check:
+            X = check_batch(X)
+        elif not (sp.isspmatrix_csr(X) and X.has_sorted_indices):
+            X = sp.csr_matrix(X)
+        return "split", (X.shape[0], X.shape[1],
+                         *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data))
+    if center is None:
+        return "dense", _dense_batch(X, check)
     if sp.issparse(X):
         X = X.toarray()  # centring makes a sparse vector dense
-    X = check_batch(X) if center is None else np.atleast_2d(np.asarray(X, dtype=np.float64))
-    c = np.zeros(X.shape[1]) if center is None else np.ascontiguousarray(center, dtype=np.float64)
+    # not check_batch: a zero row is fine once centred, but NaN/inf must still be refused
+    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    c = np.ascontiguousarray(center, dtype=np.float64)
     if c.shape != (X.shape[1],):
         raise ValueError(f"center: expected {X.shape[1]} values, got shape {c.shape}")
-    if center is not None:
-        # check_batch was skipped (a zero row is fine once centred): NaN/inf must still be refused
-        from core.validate import NonFiniteError
+    if not np.isfinite(c).all():
+        raise NonFiniteError("center", "values must be finite")
+    Xc = np.ascontiguousarray(X - c)
+    row, problem = _first_bad_row(Xc)
+    if problem == 1:
+        raise NonFiniteError(f"vectors[{row}]", "values must be finite")
+    if problem == 2:
+        raise ZeroVectorError(f"vectors[{row}]", "equals the center: nothing to sample")
+    return "dense", Xc
 
-        if not np.isfinite(c).all():
-            raise NonFiniteError("center", "values must be finite")
-        bad = np.flatnonzero(~np.isfinite(X - c).all(axis=1))
-        if bad.size:
-            raise NonFiniteError(f"vectors[{int(bad[0])}]", "values must be finite")
-    indptr, coords, logs = _split_dense(np.ascontiguousarray(X), c, center is not None)
-    empty = np.flatnonzero(np.diff(indptr) == 0)
-    if empty.size:
-        from core.validate import ZeroVectorError
 
-        raise ZeroVectorError(f"vectors[{int(empty[0])}]", "equals the center: nothing to sample")
-    return X.shape[0], X.shape[1], indptr, coords, logs
+def _direct_table(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Constants for just these (sorted, unique) coordinates."""
+    if coords.shape[0] * k >= PARALLEL_MIN_WORK // 16:
+        with PARALLEL_LOCK:
+            return _fill_constants(coords, k, np.uint64(seed))
+    return _fill_constants_serial(coords, k, np.uint64(seed))
+
+
+def _run(kernel_parallel, kernel_serial, work: int, n: int, *args) -> None:
+    if n > 1 and work >= PARALLEL_MIN_WORK:
+        with PARALLEL_LOCK:
+            kernel_parallel(*args)
+    else:
+        kernel_serial(*args)
 
 
 def sketch(
@@ -252,30 +352,34 @@ def sketch(
     """
     if k <= 0:
         raise ValueError(f"k: must be positive, got {k}")
+    if path not in ("auto", "table", "direct"):
+        raise ValueError(f"path: expected 'auto', 'table' or 'direct', got {path!r}")
     one = not sp.issparse(X) and np.ndim(X) == 1
-    n, dim, indptr, coords, logs = _as_split(X, center, check)
+    form, data = _prepare(X, center, check)
+    n, dim = data.shape if form == "dense" else data[:2]
     if path == "auto":
         path = "table" if table_fits(dim, k) else "direct"
-    if path == "table":
-        table = constant_table(2 * dim, k, int(seed))
-        rows = coords
-    elif path == "direct":
-        uniq, rows = np.unique(coords, return_inverse=True)
-        if uniq.shape[0] * k >= PARALLEL_MIN_WORK // 16:
-            with PARALLEL_LOCK:
-                table = _fill_constants(uniq, k, np.uint64(seed))
-        else:
-            table = _fill_constants_serial(uniq, k, np.uint64(seed))
-        rows = rows.astype(np.int64).reshape(-1)
-    else:
-        raise ValueError(f"path: expected 'auto', 'table' or 'direct', got {path!r}")
     out_i = np.empty((n, k), dtype=np.int32)
-    out_t = np.empty((n, k), dtype=np.int64)
-    if n > 1 and coords.shape[0] * k >= PARALLEL_MIN_WORK:
-        with PARALLEL_LOCK:
-            _sample(indptr, rows, coords, logs, table, k, out_i, out_t)
+    out_t = np.empty((n, k) if return_t else (1, 1), dtype=np.int64)
+    if form == "dense":
+        if path == "table":
+            table, rowmap = constant_table(2 * dim, k, int(seed)), np.arange(2 * dim, dtype=np.int64)
+        else:
+            used = _dense_coords(data)
+            table = _direct_table(used, k, seed)
+            rowmap = np.zeros(2 * dim, dtype=np.int64)
+            rowmap[used] = np.arange(used.shape[0])
+        _run(_sample_dense, _sample_dense_serial, data.size * k // 2, n, data, rowmap, table, k, out_i, out_t,
+             return_t)
     else:
-        _sample_serial(indptr, rows, coords, logs, table, k, out_i, out_t)
+        n, dim, indptr, coords, logs = data
+        if path == "table":
+            table, rows = constant_table(2 * dim, k, int(seed)), coords
+        else:
+            uniq, rows = np.unique(coords, return_inverse=True)
+            table, rows = _direct_table(uniq, k, seed), rows.astype(np.int64).reshape(-1)
+        _run(_sample_split, _sample_split_serial, coords.shape[0] * k, n, indptr, rows, coords, logs, table, k,
+             out_i, out_t, return_t)
     if one:
         out_i, out_t = out_i[0], out_t[0]
     return (out_i, out_t) if return_t else out_i

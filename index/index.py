@@ -30,7 +30,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from core import gcws, nrff
-from core.agreement import SAMPLES_PER_WORD, agreement2, pack2, top_by_agreement
+from core.agreement import SAMPLES_PER_WORD, agreement2, first_words, pack2, top_by_agreement
 from core.gmm import l1_norms, score_rows
 from core.validate import NonFiniteError, VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
 from index import codec
@@ -176,6 +176,44 @@ class _RowCache:
         return live, values, norms, live
 
 
+class _SketchCache(_RowCache):
+    """The 2-bit ranking codes, plus their first-stage words kept word-major for the scan.
+
+    ``first[:, iid]`` mirrors ``values[iid, :FIRST_WORDS]``: the scan reads that
+    contiguous array instead of every other cache line of ``values``.
+    """
+
+    def __init__(self, field: str, width: int, dtype, decode, max_bytes: int):
+        super().__init__(field, width, dtype, decode, max_bytes)
+        self.first = first_words(self.values)
+        self.max_rows = max(0, max_bytes // ((width + self.first.shape[0]) * self.dtype.itemsize + 9))
+
+    def _grow(self, need: int) -> None:
+        super()._grow(need)
+        first = np.zeros((self.first.shape[0], self.values.shape[0]), dtype=self.dtype)
+        first[:, : self.first.shape[1]] = self.first
+        self.first = first
+
+    def put(self, iids: np.ndarray, blobs: list[bytes]) -> int:
+        keep = iids < self.max_rows
+        if not keep.shape[0] or not keep.any():
+            return 0
+        iids = iids[keep]
+        values, _ = self._decode([b for b, k in zip(blobs, keep, strict=True) if k])
+        with self._lock:
+            if int(iids.max()) >= self.values.shape[0]:
+                self._grow(int(iids.max()) + 1)
+            self.values[iids] = values
+            self.first[:, iids] = values[:, : self.first.shape[0]].T
+            self.have[iids] = True
+        return int(iids.shape[0])
+
+    def scan_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(values, first, have) as one consistent triple."""
+        with self._lock:
+            return self.values, self.first, self.have
+
+
 def is_redis(location) -> bool:
     """Whether a location names a Redis server rather than an LMDB directory."""
     return str(location).startswith(("redis://", "rediss://", "unix://"))
@@ -217,7 +255,7 @@ class Index:
         )
         # 2-bit ranking codes (k/4 bytes a vector, padded to whole 8-word AVX-512 registers).
         self._rank_words = -(-config.k // (8 * SAMPLES_PER_WORD)) * 8
-        self._sketches = _RowCache("sketch", self._rank_words, np.uint64, self._decode_sketches, cache_bytes // 4)
+        self._sketches = _SketchCache("sketch", self._rank_words, np.uint64, self._decode_sketches, cache_bytes // 4)
         self._scratch = threading.local()
         # Scan state: every iid the store allocated up to _token has its sketch in
         # self._sketches, or is retired, or is in _holes: absent when last fetched, kept
@@ -551,9 +589,9 @@ class Index:
         members of the query's buckets.
         """
         if bands is None and self._refresh_sketches() >= 0:
-            S, have = self._sketches.arrays()
+            S, F, have = self._sketches.scan_arrays()
             q = pack2(codes, self._rank_words)[0]
-            rows, scores = top_by_agreement(q, S, have, min(self._scan_n, S.shape[0]), budget + 1)
+            rows, scores = top_by_agreement(q, S, F, have, min(self._scan_n, S.shape[0]), budget + 1)
             keep = rows != exclude  # the query's own vector, when it is asked for by id
             rows, scores = rows[keep], scores[keep]
             return self._score(q64, rows[_top(scores.astype(np.float64), budget)])
