@@ -145,7 +145,7 @@ def _sample_split_impl(indptr, rows, coords, logs, table, k, out_i, out_t, want_
 
 
 def _sample_dense_impl(X, rowmap, table, k, out_i, out_t, want_t):
-    """GCWS of dense rows: each chunk is sign-split into small local buffers, then sampled.
+    """GCWS of dense rows: each row is sign-split into small reused buffers, then sampled.
 
     Splitting a whole batch first would write 16 bytes per nonzero to fresh memory
     (376 MB for Fashion-MNIST's 60,000 rows) and spend its time in page faults.
@@ -154,15 +154,11 @@ def _sample_dense_impl(X, rowmap, table, k, out_i, out_t, want_t):
     n, d = X.shape
     for ch in prange((n + _CHUNK - 1) // _CHUNK):
         best, arg = _minima(table.shape[1])
-        lo = ch * _CHUNK
-        hi = min(n, lo + _CHUNK)
-        size = (hi - lo) * d
-        coords = np.empty(size, dtype=np.int64)
-        rows = np.empty(size, dtype=np.int64)
-        logs = np.empty(size, dtype=np.float64)
-        p = 0
-        for v in range(lo, hi):
-            p0 = p
+        coords = np.empty(d, dtype=np.int64)
+        rows = np.empty(d, dtype=np.int64)
+        logs = np.empty(d, dtype=np.float64)
+        for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
+            p = 0
             for i in range(d):
                 # Widen first: numba's log of a float32 is a float32, and sketches must not
                 # depend on the input's dtype.
@@ -173,7 +169,7 @@ def _sample_dense_impl(X, rowmap, table, k, out_i, out_t, want_t):
                     rows[p] = rowmap[c]
                     logs[p] = math.log(abs(x))
                     p += 1
-            _sample_vector(v, p0, p, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
+            _sample_vector(v, 0, p, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
 
 
 @njit(nogil=True, cache=True)
