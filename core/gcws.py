@@ -31,7 +31,7 @@ from numba import njit, prange
 
 from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
 from core.rng import coord_key, hash_code, uniform
-from core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse
+from core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
 
 #: Samples handled together by the innermost loop (4 AVX-512 registers of float64).
 _JB = 32
@@ -197,44 +197,6 @@ _sample_dense_serial = njit(nogil=True, cache=True)(_sample_dense_impl)
 
 
 @njit(nogil=True, cache=True)
-def _first_bad_row(X):
-    """(row, problem) of the first row with a non-finite value (1) or no nonzero (2); (−1, 0) if none."""
-    n, d = X.shape
-    for v in range(n):
-        nonzero = False
-        for i in range(d):
-            x = np.float64(X[v, i])
-            if not math.isfinite(x):
-                return v, 1
-            if x != 0.0:
-                nonzero = True
-        if not nonzero:
-            return v, 2
-    return -1, 0
-
-
-def _dense_batch(X, check: bool) -> np.ndarray:
-    """A dense batch as a contiguous 2-D array of its own numeric dtype, validated unless ``check=False``.
-
-    Integer and float32/64 input is checked in one pass without a float64 copy (the
-    kernels widen values themselves); anything else goes through ``check_batch``.
-    """
-    A = np.asarray(X)
-    if A.dtype.kind not in "iuf" or A.dtype.itemsize < 4 and A.dtype.kind == "f" or A.ndim not in (1, 2):
-        return check_batch(X) if check else np.ascontiguousarray(np.atleast_2d(A), dtype=np.float64)
-    A = np.ascontiguousarray(np.atleast_2d(A))
-    if check:
-        if A.shape[1] == 0:
-            return check_batch(A)  # names the problem
-        row, problem = _first_bad_row(A)
-        if problem == 1:
-            raise NonFiniteError(f"vectors[{row}]", "values must be finite")
-        if problem == 2:
-            raise ZeroVectorError(f"vectors[{row}]", "all-zero vector: GMM is undefined (0/0) for it")
-    return A
-
-
-@njit(nogil=True, cache=True)
 def _split_csr(indptr_in, indices, data):
     """Sign-split CSR rows (sorted indices) into CSR over the 2D space, dropping zeros."""
     n = indptr_in.shape[0] - 1
@@ -291,7 +253,7 @@ def _prepare(X, center, check: bool = True):
         return "split", (X.shape[0], X.shape[1],
                          *_split_csr(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data))
     if center is None:
-        return "dense", _dense_batch(X, check)
+        return "dense", dense_batch(X, check)
     if sp.issparse(X):
         X = X.toarray()  # centring makes a sparse vector dense
     # not check_batch: a zero row is fine once centred, but NaN/inf must still be refused
@@ -302,7 +264,7 @@ def _prepare(X, center, check: bool = True):
     if not np.isfinite(c).all():
         raise NonFiniteError("center", "values must be finite")
     Xc = np.ascontiguousarray(X - c)
-    row, problem = _first_bad_row(Xc)
+    row, problem = first_bad_row(Xc)
     if problem == 1:
         raise NonFiniteError(f"vectors[{row}]", "values must be finite")
     if problem == 2:

@@ -7,8 +7,11 @@ before anything is written.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.sparse as sp
+from numba import njit
 
 
 class VectorError(ValueError):
@@ -129,3 +132,41 @@ def check_batch(X, dim: int | None = None, field: str = "vectors"):
             f"{field}[{int(np.flatnonzero(zero)[0])}]", "all-zero vector: GMM is undefined (0/0) for it"
         )
     return np.ascontiguousarray(A)
+
+
+@njit(nogil=True, cache=True)
+def first_bad_row(X):
+    """(row, problem) of the first row with a non-finite value (1) or no nonzero (2); (−1, 0) if none."""
+    n, d = X.shape
+    for v in range(n):
+        nonzero = False
+        for i in range(d):
+            x = np.float64(X[v, i])
+            if not math.isfinite(x):
+                return v, 1
+            if x != 0.0:
+                nonzero = True
+        if not nonzero:
+            return v, 2
+    return -1, 0
+
+
+def dense_batch(X, check: bool) -> np.ndarray:
+    """A dense batch as a contiguous 2-D array of its own numeric dtype, validated unless ``check=False``.
+
+    Integer and float32/64 input is checked in one pass without a float64 copy (the
+    kernels widen values themselves); anything else goes through ``check_batch``.
+    """
+    A = np.asarray(X)
+    if A.dtype.kind not in "iuf" or A.dtype.itemsize < 4 and A.dtype.kind == "f" or A.ndim not in (1, 2):
+        return check_batch(X) if check else np.ascontiguousarray(np.atleast_2d(A), dtype=np.float64)
+    A = np.ascontiguousarray(np.atleast_2d(A))
+    if check:
+        if A.shape[1] == 0:
+            return check_batch(A)  # names the problem
+        row, problem = first_bad_row(A)
+        if problem == 1:
+            raise NonFiniteError(f"vectors[{row}]", "values must be finite")
+        if problem == 2:
+            raise ZeroVectorError(f"vectors[{row}]", "all-zero vector: GMM is undefined (0/0) for it")
+    return A

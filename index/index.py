@@ -141,9 +141,13 @@ class _RowCache:
         with self._lock:
             if int(iids.max()) >= self.values.shape[0]:
                 self._grow(int(iids.max()) + 1)
-            self.values[iids], self.norms[iids] = values, norms
+            self._fill(iids, values, norms)
             self.have[iids] = True
         return int(iids.shape[0])
+
+    def _fill(self, iids: np.ndarray, values: np.ndarray, norms: np.ndarray) -> None:
+        """Write decoded rows (under the lock); subclasses keeping derived arrays extend it."""
+        self.values[iids], self.norms[iids] = values, norms
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(values, have) as one consistent pair (a concurrent grow swaps both)."""
@@ -194,19 +198,9 @@ class _SketchCache(_RowCache):
         first[:, : self.first.shape[1]] = self.first
         self.first = first
 
-    def put(self, iids: np.ndarray, blobs: list[bytes]) -> int:
-        keep = iids < self.max_rows
-        if not keep.shape[0] or not keep.any():
-            return 0
-        iids = iids[keep]
-        values, _ = self._decode([b for b, k in zip(blobs, keep, strict=True) if k])
-        with self._lock:
-            if int(iids.max()) >= self.values.shape[0]:
-                self._grow(int(iids.max()) + 1)
-            self.values[iids] = values
-            self.first[:, iids] = values[:, : self.first.shape[0]].T
-            self.have[iids] = True
-        return int(iids.shape[0])
+    def _fill(self, iids: np.ndarray, values: np.ndarray, norms: np.ndarray) -> None:
+        super()._fill(iids, values, norms)
+        self.first[:, iids] = values[:, : self.first.shape[0]].T
 
     def scan_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, first, have) as one consistent triple."""
