@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
+from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
 from core.rng import coord_key, hash_code, uniform
 from core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
 
@@ -187,13 +187,10 @@ def _dense_coords(X):
     return np.flatnonzero(used)
 
 
-_fill_constants = njit(nogil=True, parallel=True, cache=True)(_fill_constants_impl)
-_fill_constants_serial = njit(nogil=True, cache=True)(_fill_constants_impl)
+_fill_constants, _fill_constants_serial = twin_kernels(_fill_constants_impl, nogil=True, cache=True)
 _minima = njit(nogil=True, cache=True, inline="always")(_minima)
-_sample_split = njit(nogil=True, parallel=True, cache=True)(_sample_split_impl)
-_sample_split_serial = njit(nogil=True, cache=True)(_sample_split_impl)
-_sample_dense = njit(nogil=True, parallel=True, cache=True)(_sample_dense_impl)
-_sample_dense_serial = njit(nogil=True, cache=True)(_sample_dense_impl)
+_sample_split, _sample_split_serial = twin_kernels(_sample_split_impl, nogil=True, cache=True)
+_sample_dense, _sample_dense_serial = twin_kernels(_sample_dense_impl, nogil=True, cache=True)
 
 
 @njit(nogil=True, cache=True)

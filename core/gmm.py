@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
+from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
 from core.validate import DimensionError, check_batch, check_dense, check_sparse
 
 #: Sums may be reassociated (that is what lets LLVM vectorise them); inputs are
@@ -85,38 +85,37 @@ def _sparse_csr_row(qi, qv, indptr, indices, data, r):
     return s
 
 
-def _make_scorers(parallel: bool):
-    """Compile the four one-vs-rows scorers, serial or parallel over rows."""
-
-    @njit(nogil=True, parallel=parallel, cache=True)
-    def dense(q, qn, X, xn, rows, out):
-        for t in prange(rows.shape[0]):
-            r = rows[t]
-            out[t] = _ratio(_dense_row(q, X, r), qn, xn[r])
-
-    @njit(nogil=True, parallel=parallel, cache=True)
-    def sparse_dense(qi, qv, qn, X, xn, rows, out):
-        for t in prange(rows.shape[0]):
-            r = rows[t]
-            out[t] = _ratio(_sparse_dense_row(qi, qv, X, r), qn, xn[r])
-
-    @njit(nogil=True, parallel=parallel, cache=True)
-    def dense_csr(q, qn, indptr, indices, data, xn, rows, out):
-        for t in prange(rows.shape[0]):
-            r = rows[t]
-            out[t] = _ratio(_dense_csr_row(q, indptr, indices, data, r), qn, xn[r])
-
-    @njit(nogil=True, parallel=parallel, cache=True)
-    def sparse_csr(qi, qv, qn, indptr, indices, data, xn, rows, out):
-        for t in prange(rows.shape[0]):
-            r = rows[t]
-            out[t] = _ratio(_sparse_csr_row(qi, qv, indptr, indices, data, r), qn, xn[r])
-
-    return dense, sparse_dense, dense_csr, sparse_csr
+# One-vs-rows scorers: plain functions, compiled twice (parallel over rows, serial).
 
 
-_SERIAL = _make_scorers(False)
-_PARALLEL = _make_scorers(True)
+def _dense_impl(q, qn, X, xn, rows, out):
+    for t in prange(rows.shape[0]):
+        r = rows[t]
+        out[t] = _ratio(_dense_row(q, X, r), qn, xn[r])
+
+
+def _sparse_dense_impl(qi, qv, qn, X, xn, rows, out):
+    for t in prange(rows.shape[0]):
+        r = rows[t]
+        out[t] = _ratio(_sparse_dense_row(qi, qv, X, r), qn, xn[r])
+
+
+def _dense_csr_impl(q, qn, indptr, indices, data, xn, rows, out):
+    for t in prange(rows.shape[0]):
+        r = rows[t]
+        out[t] = _ratio(_dense_csr_row(q, indptr, indices, data, r), qn, xn[r])
+
+
+def _sparse_csr_impl(qi, qv, qn, indptr, indices, data, xn, rows, out):
+    for t in prange(rows.shape[0]):
+        r = rows[t]
+        out[t] = _ratio(_sparse_csr_row(qi, qv, indptr, indices, data, r), qn, xn[r])
+
+
+_TWINS = [twin_kernels(f, nogil=True, cache=True)
+          for f in (_dense_impl, _sparse_dense_impl, _dense_csr_impl, _sparse_csr_impl)]
+_PARALLEL = tuple(t[0] for t in _TWINS)
+_SERIAL = tuple(t[1] for t in _TWINS)
 
 
 @njit(nogil=True, parallel=True, cache=True, fastmath=_FAST)
@@ -135,8 +134,7 @@ def _dense_block(Q, qn, X, xn, out):
                 out[a, r] = _ratio(s, qn[a], xn[r])
 
 
-@njit(nogil=True, parallel=True, cache=True, fastmath=_FAST)
-def _l1_dense(X):
+def _l1_dense_impl(X):
     out = np.empty(X.shape[0])
     for r in prange(X.shape[0]):
         s = 0.0
@@ -146,13 +144,18 @@ def _l1_dense(X):
     return out
 
 
+_l1_dense, _l1_dense_serial = twin_kernels(_l1_dense_impl, nogil=True, cache=True, fastmath=_FAST)
+
+
 def l1_norms(X) -> np.ndarray:
     """L1 norm of every row (float64), dense or sparse."""
     if sp.issparse(X):
         return np.asarray(abs(sp.csr_matrix(X, dtype=np.float64)).sum(axis=1)).ravel()
-    X = np.asarray(X)
+    X = np.atleast_2d(np.asarray(X))
+    if X.size < PARALLEL_MIN_WORK:
+        return _l1_dense_serial(X)
     with PARALLEL_LOCK:
-        return _l1_dense(np.atleast_2d(X))
+        return _l1_dense(X)
 
 
 def _as_query(q, dim: int | None = None):

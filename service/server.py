@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 
 from service.settings import Settings
@@ -53,8 +54,7 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
         own_metrics_dir = tempfile.mkdtemp(prefix="gmmlsh-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_metrics_dir
     try:
-        uvicorn.run(
-            APP,
+        options = dict(
             factory=True,
             host=settings.host,
             port=settings.port,
@@ -64,10 +64,34 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
             access_log=settings.access_log,
             timeout_graceful_shutdown=10,
         )
+        if settings.workers > 1:
+            # uvicorn.run's multi-worker branch, with a listener asyncio knows is TCP.
+            from uvicorn.supervisors import Multiprocess
+
+            config = uvicorn.Config(APP, **options)
+            Multiprocess(config, sockets=[tcp_listener(config)]).run()
+        else:
+            uvicorn.run(APP, **options)
     finally:
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
+def tcp_listener(config) -> socket.socket:
+    """``config.bind_socket()`` re-wrapped with ``proto=IPPROTO_TCP``.
+
+    uvicorn binds the shared listener of ``--workers N`` with ``proto`` 0; accepted
+    connections inherit it and asyncio then skips ``TCP_NODELAY`` (uvicorn issue
+    #3149), so every keep-alive response after the first waits ~40 ms on the
+    client's delayed ACK (Nagle). Same descriptor, same address: only the protocol
+    number the workers see changes.
+    """
+    sock = config.bind_socket()
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.proto != socket.IPPROTO_TCP:
+        sock = socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
+        sock.set_inheritable(True)
+    return sock
 
 
 def log_config(level: str) -> dict:

@@ -598,6 +598,38 @@ def redis_url_if(request, backend_kind) -> str | None:
     return request.getfixturevalue("redis_url") if backend_kind == "redis" else None
 
 
+def test_multi_worker_listener_gives_connections_tcp_nodelay():
+    """``--workers N`` listens on a socket uvicorn binds with proto 0 (uvicorn #3149);
+    asyncio then leaves Nagle on and each keep-alive response waits ~40 ms on the
+    client's delayed ACK. Our listener must make asyncio set TCP_NODELAY."""
+    import asyncio
+
+    import uvicorn
+
+    from service.server import APP, tcp_listener
+
+    sock = tcp_listener(uvicorn.Config(APP, host="127.0.0.1", port=0, workers=2))
+    assert sock.proto == socket.IPPROTO_TCP
+
+    async def accepted_nodelay() -> int:
+        seen = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport):
+                s = transport.get_extra_info("socket")
+                seen.set_result(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            flag = await asyncio.wait_for(seen, 10)
+            writer.close()
+        return flag
+
+    assert asyncio.run(accepted_nodelay()) != 0
+
+
 # --- 4. API key -------------------------------------------------------------------------
 
 
