@@ -9,25 +9,13 @@ rows stays cheap; chance agreement is 1/4, which shifts every score alike:
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
+
+from core.intrinsics import popcount
 
 _M01 = np.uint64(0x5555555555555555)
 SAMPLES_PER_WORD = 32
-
-
-@intrinsic
-def _popcount(typingctx, x):
-    """LLVM's ctpop: one instruction on any x86-64 with POPCNT."""
-    sig = types.uint64(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(64)])
-        return builder.call(fn, args)
-
-    return sig, codegen
 
 
 @njit(nogil=True, cache=True)
@@ -65,7 +53,7 @@ def agreement2(q, S, rows):
         c = np.uint64(0)
         for j in range(w):
             x = S[r, j] ^ q[j]
-            c += _popcount(~(x | (x >> np.uint64(1))) & _M01)
+            c += popcount(~(x | (x >> np.uint64(1))) & _M01)
         out[t] = np.int32(c)
     return out
 
@@ -88,7 +76,7 @@ def first_words(S: np.ndarray) -> np.ndarray:
 @njit(nogil=True, cache=True, inline="always")
 def _agree(x):
     """Agreeing 2-bit codes in a word of XORed codes."""
-    return _popcount(~(x | (x >> np.uint64(1))) & _M01)
+    return popcount(~(x | (x >> np.uint64(1))) & _M01)
 
 
 @njit(nogil=True, cache=True)
