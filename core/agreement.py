@@ -133,6 +133,49 @@ def _best(scores, rows, c, top):
     return keep[:t], out[:t]
 
 
+#: The sampled cut of :func:`_best_of_all` reads every ``_SAMPLE_STRIDE``-th score
+#: and aims for ``_SAMPLE_AIM`` × c rows above it.
+_SAMPLE_STRIDE = 8
+_SAMPLE_AIM = 2
+
+
+@njit(nogil=True, cache=True)
+def _best_of_all(scores, c, top):
+    """:func:`_best` over rows ``0 … n−1`` (the same rows, the same ties) at half the cost.
+
+    The full histogram is a random-increment pass over every score (30 µs for
+    60,000). Instead the histogram of a strided sample gives a cut that keeps about
+    twice ``c``; the rows at or above it are collected in row order and
+    :func:`_best` picks exactly among them. Whenever the collected rows are fewer
+    than ``c`` (the sample misjudged, or few rows are live) or overflow the buffer,
+    it falls back to the full selection, so the answer never depends on the sample.
+    """
+    n = scores.shape[0]
+    if n < 16 * c:
+        return _best(scores, np.arange(n), c, top)
+    hist = np.zeros(top + 2, dtype=np.int64)
+    for i in range(0, n, _SAMPLE_STRIDE):
+        hist[scores[i] + 1] += 1
+    cut = top
+    taken = 0
+    while cut > 0 and (taken + hist[cut + 1]) * _SAMPLE_STRIDE < _SAMPLE_AIM * c:
+        taken += hist[cut + 1]
+        cut -= 1
+    cap = 4 * _SAMPLE_AIM * c
+    rows = np.empty(cap, dtype=np.int64)
+    m = 0
+    for i in range(n):
+        s = scores[i]
+        if s >= cut and s >= 0:
+            if m == cap:
+                return _best(scores, np.arange(n), c, top)
+            rows[m] = i
+            m += 1
+    if m < c:
+        return _best(scores, np.arange(n), c, top)
+    return _best(scores[rows[:m]], rows[:m], c, top)
+
+
 @njit(nogil=True, cache=True)
 def top_by_agreement(q, S, F, have, n, c):
     """Rows ``< n`` with ``have`` set whose agreement with ``q`` is among the ``c`` highest.
@@ -152,7 +195,7 @@ def top_by_agreement(q, S, F, have, n, c):
         raise ValueError("top_by_agreement: q and S need the same number of words, at least FIRST_WORDS")
     scores = np.empty(n, dtype=np.int32)
     _scan_scores(q, F, have, n, scores)
-    first, _ = _best(scores, np.arange(n), max(4 * c, 1024) if w > w1 else c, w1 * SAMPLES_PER_WORD)
+    first, _ = _best_of_all(scores, max(4 * c, 1024) if w > w1 else c, w1 * SAMPLES_PER_WORD)
     if w == w1:
         return first, scores[first]
     full = agreement2(q, S, first)
