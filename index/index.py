@@ -32,6 +32,7 @@ from numba import njit
 from core import gcws, nrff
 from core.agreement import SAMPLES_PER_WORD, agreement2, first_words, pack2, top_by_agreement
 from core.gmm import l1_norms, score_rows
+from core.query_kernel import best_by_score, rank_dense_query
 from core.validate import NonFiniteError, VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
 from index import codec
 from index.banding import Banding
@@ -153,6 +154,11 @@ class _RowCache:
         """(values, have) as one consistent pair (a concurrent grow swaps both)."""
         with self._lock:
             return self.values, self.have
+
+    def scoring_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(values, norms, have) as one consistent triple."""
+        with self._lock:
+            return self.values, self.norms, self.have
 
     def rows(self, iids: np.ndarray, store: Store):
         """(live iids, values, norms, rows): row ``rows[t]`` of ``values`` belongs to ``live[t]``.
@@ -495,6 +501,11 @@ class Index:
         else:
             q = self._query_vector(vector)
         qh = self._hashable(q if sp.issparse(q) else q[None, :])
+        k, _, min_similarity, budget, bands = opts
+        if mode == "lsh" and bands is None and self._fused_applies(qh):
+            found = self._lsh_fused(qh[0], exclude, budget)
+            if found is not None:
+                return self._result(mode, k, *found, min_similarity, id)
         codes = self._codes(qh) if mode == "lsh" else None
         return self._answer(q, qh, codes, exclude, *opts, exclude_id=id)
 
@@ -586,9 +597,8 @@ class Index:
             S, F, have = self._sketches.scan_arrays()
             q = pack2(codes, self._rank_words)[0]
             rows, scores = top_by_agreement(q, S, F, have, min(self._scan_n, S.shape[0]), budget + 1)
-            keep = rows != exclude  # the query's own vector, when it is asked for by id
-            rows, scores = rows[keep], scores[keep]
-            return self._score(q64, rows[_top(scores.astype(np.float64), budget)])
+            # exclude: the query's own vector, when it is asked for by id
+            return self._score(q64, best_by_score(rows, scores, exclude, budget))
         iids, _ = self.candidates(codes, bands)
         if exclude >= 0:
             iids = iids[iids != exclude]
@@ -597,6 +607,29 @@ class Index:
             agree = agreement2(pack2(codes, self._rank_words)[0], S, rows)
             iids = live[_top(agree.astype(np.float64), budget)]
         return self._score(q64, iids)
+
+    def _fused_applies(self, qh) -> bool:
+        """Whether :func:`core.query_kernel.rank_dense_query` can answer: dense float32 rows
+        and query, no centre, i* codes only, and a constant table that fits."""
+        cfg = self.config
+        return (self._cache is not None and self._center is None and not cfg.t_bits
+                and not sp.issparse(qh) and qh.dtype == np.float32 and gcws.table_fits(cfg.dim, cfg.k))
+
+    def _lsh_fused(self, q32: np.ndarray, exclude: int, budget: int):
+        """The default lsh query in one compiled call; None when the scan cannot hold the index."""
+        if self._refresh_sketches() < 0:
+            return None
+        cfg = self.config
+        S, F, have = self._sketches.scan_arrays()
+        values, norms, cached = self._cache.scoring_arrays()
+        table = gcws.constant_table(2 * cfg.dim, cfg.k, cfg.seed)
+        rows, sims, complete = rank_dense_query(
+            q32, table, cfg.k, cfg.bits, np.uint64(cfg.seed), self._rank_words, S, F, have,
+            min(self._scan_n, S.shape[0]), budget, exclude, values, norms, cached,
+            float(np.abs(q32.astype(np.float64)).sum()))
+        if not complete:  # some chosen rows are not cached yet: fetch and score them
+            return self._score(q32, rows)
+        return rows, sims
 
     def _refresh_sketches(self) -> int:
         """Bring the sketch cache up to date with the store; −1 if it cannot hold them all.
@@ -727,8 +760,7 @@ class Index:
         start, window = 0, k
         while len(neighbors) < k and start < order.shape[0]:
             sel = order[start : start + window]
-            names = self.store.external_ids(iids[sel])
-            metas = self.store.fetch(iids[sel], "meta")
+            names, metas = self.store.ids_and_fetch(iids[sel], "meta")
             for iid, s, name, m in zip(iids[sel].tolist(), sims[sel].tolist(), names, metas, strict=True):
                 if name is None:
                     self._forget(iid)

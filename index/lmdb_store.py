@@ -413,21 +413,30 @@ class LmdbStore:
 
     def _get_by_iid(self, db, iids: np.ndarray) -> list[bytes | None]:
         """One ``getmulti`` over big-endian iid keys; None for absent or out-of-range iids."""
+        return self._get_by_iid_from((db,), iids)[0]
+
+    def _get_by_iid_from(self, dbs, iids: np.ndarray) -> list[list[bytes | None]]:
+        """:meth:`_get_by_iid` for several databases, read in one transaction (one snapshot)."""
         a = np.asarray(iids).ravel()
         if a.size == 0:
-            return []
+            return [[] for _ in dbs]
         a = a.astype(np.int64, copy=False)
         valid = (a >= 0) & (a < _IID_LIMIT)
         keys = _be_keys(a[valid])
         with self._txn() as txn:
-            found = txn.cursor(db=db).getmulti(keys)
-        if len(found) == a.size:
-            return [v for _, v in found]
-        d = dict(found)
-        if valid.all():
-            return [d.get(k) for k in keys]
-        it = iter(keys)
-        return [d.get(next(it)) if good else None for good in valid.tolist()]
+            founds = [txn.cursor(db=db).getmulti(keys) for db in dbs]
+        out = []
+        for found in founds:
+            if len(found) == a.size:
+                out.append([v for _, v in found])
+                continue
+            d = dict(found)
+            if valid.all():
+                out.append([d.get(k) for k in keys])
+                continue
+            it = iter(keys)
+            out.append([d.get(next(it)) if good else None for good in valid.tolist()])
+        return out
 
     def external_ids(self, iids: np.ndarray) -> list[str | None]:
         """External ids of these internal ids; None where the iid is gone."""
@@ -436,6 +445,11 @@ class LmdbStore:
     def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
         """Blob ``field`` of each iid, in order; None where absent. One C-level call."""
         return self._get_by_iid(self._field_db(field), iids)
+
+    def ids_and_fetch(self, iids: np.ndarray, field: str) -> tuple[list[str | None], list[bytes | None]]:
+        """:meth:`external_ids` and :meth:`fetch` together, from one snapshot."""
+        names, blobs = self._get_by_iid_from((self._iid2ext, self._field_db(field)), iids)
+        return [v.decode("utf-8") if v is not None else None for v in names], blobs
 
     def bucket_members(self, keys: Sequence[bytes] | np.ndarray) -> np.ndarray:
         """Members (uint32) of all these buckets concatenated, one entry per bucket hit.

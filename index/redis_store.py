@@ -1020,34 +1020,37 @@ class RedisStore:
 
     def _get_blobs(self, iids: np.ndarray, fam: str) -> list[bytes | None]:
         """Blobs of family ``fam`` for these iids, grouped into one HMGET per chunk key."""
+        return self._get_blob_families(iids, (fam,))[0]
+
+    def _get_blob_families(self, iids: np.ndarray, fams: Sequence[str]) -> list[list[bytes | None]]:
+        """:meth:`_get_blobs` for several families in one pipelined round trip."""
         a = np.asarray(iids).ravel().astype(np.int64, copy=False)
-        out: list[bytes | None] = [None] * a.size
+        outs: list[list[bytes | None]] = [[None] * a.size for _ in fams]
         if a.size == 0:
-            return out
+            return outs
         lay = self._get_layout(create=False)
         if lay is None:
-            return out
+            return outs
         valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT))
         if valid.size == 0:
-            return out
-        s, c, f = self._locs(a[valid], fam, lay)
-        kid = s * (1 << 32) + c  # one id per chunk key
-        order = np.argsort(kid, kind="stable")
-        kid_sorted = kid[order]
-        cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
-        starts, stops = [0, *cuts], [*cuts, len(order)]
-        cmds, groups = [], []
-        f_sorted = f[order].tolist()
-        for lo, hi in zip(starts, stops, strict=True):
-            k = int(kid_sorted[lo])
-            cmds.append(("HMGET", f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}",
-                         *f_sorted[lo:hi]))
-            groups.append((lo, hi))
-        pos = valid[order].tolist()
-        for (lo, _hi), vals in zip(groups, self._pipeline(cmds), strict=True):
+            return outs
+        cmds, plan = [], []
+        for out, fam in zip(outs, fams, strict=True):
+            s, c, f = self._locs(a[valid], fam, lay)
+            kid = s * (1 << 32) + c  # one id per chunk key
+            order = np.argsort(kid, kind="stable")
+            kid_sorted = kid[order]
+            cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
+            f_sorted = f[order].tolist()
+            pos = valid[order].tolist()
+            for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
+                k = int(kid_sorted[lo])
+                cmds.append(("HMGET", f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", *f_sorted[lo:hi]))
+                plan.append((out, pos, lo))
+        for (out, pos, lo), vals in zip(plan, self._pipeline(cmds), strict=True):
             for j, v in enumerate(vals):
                 out[pos[lo + j]] = v
-        return out
+        return outs
 
     @_unavailable
     def external_ids(self, iids: np.ndarray) -> list[str | None]:
@@ -1057,10 +1060,20 @@ class RedisStore:
     @_unavailable
     def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
         """Blob ``field`` of each iid, in order; None where absent. One round trip."""
+        return self._get_blobs(iids, self._family(field))
+
+    @_unavailable
+    def ids_and_fetch(self, iids: np.ndarray, field: str) -> tuple[list[str | None], list[bytes | None]]:
+        """:meth:`external_ids` and :meth:`fetch` together, in one round trip."""
+        names, blobs = self._get_blob_families(iids, ("x", self._family(field)))
+        return [v.decode("utf-8") if v is not None else None for v in names], blobs
+
+    @staticmethod
+    def _family(field: str) -> str:
         fam = _FAMILY.get(field)
         if fam is None:
             raise ValueError(f"field: unknown blob field {field!r}; one of {FIELDS}")
-        return self._get_blobs(iids, fam)
+        return fam
 
     @_unavailable
     def bucket_members(self, keys: Sequence[bytes] | np.ndarray) -> np.ndarray:

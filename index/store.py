@@ -130,6 +130,12 @@ class Store(Protocol):
     def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
         """Blob ``field`` of each iid, in order; None where absent. One round trip."""
 
+    def ids_and_fetch(self, iids: np.ndarray, field: str) -> tuple[list[str | None], list[bytes | None]]:
+        """``(external_ids(iids), fetch(iids, field))`` read together: one round trip, one snapshot.
+
+        A query's answer needs both (names and metadata of its neighbours).
+        """
+
     def scan(self, field: str, batch_size: int = 4096) -> Iterator[tuple[np.ndarray, list[bytes]]]:
         """Every live record's ``field`` in internal-id order, as (iids, blobs) chunks."""
 

@@ -270,6 +270,8 @@ class StoreContract:
         assert store.fetch(q, "vector") == want
         assert store.fetch(q.astype(np.uint32)[[0, 2]], "vector") == [want[0], want[2]]
         assert store.external_ids(q) == ["z", None, "x", "z", None, "y"]
+        assert store.ids_and_fetch(q, "vector") == (store.external_ids(q), want)
+        assert store.ids_and_fetch(q[:0], "meta") == ([], [])
 
     def test_lookup_order_duplicates_unicode(self, store, rng):
         ids = ["plain", "with space", "ünïcødé-ß-猫", "a/b:c{d}", "0"]

@@ -281,3 +281,28 @@ def test_sketches_are_stored_as_rehash(location, fmnist):
         stored = np.frombuffer(b"".join(ix.store.fetch(iids, "sketch")), np.uint8).reshape(200, -1)
         want = gcws.pack_codes(gcws.bbit_codes(gcws.sketch(X[:200].astype(np.float32), 32), 8), 8)
         np.testing.assert_array_equal(stored, want)
+
+
+def test_fused_query_answers_exactly_as_the_step_by_step_path(location, fmnist, monkeypatch):
+    """The default query runs as one compiled call (core.query_kernel); with it switched off the
+    step-by-step path must give the same neighbours, similarities and candidate counts — cold
+    (vectors fetched on demand), warm, by vector and by id, with deletes in between."""
+    X, _, Q, _ = fmnist
+    with _open(location, IndexConfig(dim=784)) as ix:
+        ix.upsert(_ids(0, 3000), X[:3000])
+        ix.delete(_ids(0, 3000)[::97])
+
+        def answers():
+            out = [ix.query(q, k=10, candidates=60) for q in Q[:40]]
+            out += [ix.query(id=f"v{i}", k=10) for i in range(1, 3000, 150)]
+            return [(r.candidates, [(n.id, n.similarity) for n in r.neighbors]) for r in out]
+
+        cold = answers()  # first touch: chosen rows are not cached yet
+        ix.warm()
+        warm = answers()
+        calls = []
+        real = Index._lsh_fused
+        monkeypatch.setattr(Index, "_lsh_fused", lambda self, *a: calls.append(1) or real(self, *a))
+        assert answers() == warm and len(calls) == 60, "the fused path answers the default query"
+        monkeypatch.setattr(Index, "_fused_applies", lambda self, qh: False)
+        assert answers() == warm == cold

@@ -225,6 +225,9 @@ def test_reads_are_one_round_trip(redis_url, redis_prefix, rng, monkeypatch):  #
         assert None not in st.fetch(iids, field)
     assert None not in st.external_ids(iids)
     assert len(calls) == 4, "fetch/external_ids of 500 records: one round trip each"
+    names, metas = st.ids_and_fetch(iids, "meta")
+    assert names == [f"q{i}" for i in range(500)] and len(metas) == 500
+    assert len(calls) == 5, "ids_and_fetch (a query's answer): one round trip for both"
     st.close()
 
 
