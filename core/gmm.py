@@ -88,31 +88,33 @@ def _sparse_csr_row(qi, qv, indptr, indices, data, r):
 
 # One-vs-rows scorers: plain functions, compiled twice (parallel over rows, serial).
 
-#: Rows fetched ahead by the dense scorers. The rows are random (candidates), so
-#: without this every row start costs a full memory latency.
+#: Rows fetched ahead by the dense scorers. Candidate rows are random, so without
+#: this every row start costs a full memory latency.
 _AHEAD = 4
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _prefetch_row(X, r):
-    for i in range(0, X.shape[1], CACHE_LINE // X.itemsize):
-        prefetch(X, r, i)
+def _prefetch_ahead(X, rows, t):
+    """Prefetch the row ``_AHEAD`` places on — unless the rows run consecutively there
+    (a full scan), where the hardware prefetcher already streams and this would only
+    cost instructions (measured: half the exact scan's speed)."""
+    if t + _AHEAD < rows.shape[0]:
+        r = rows[t + _AHEAD]
+        if r != rows[t] + _AHEAD:
+            for i in range(0, X.shape[1], CACHE_LINE // X.itemsize):
+                prefetch(X, r, i)
 
 
 def _dense_impl(q, qn, X, xn, rows, out):
-    n = rows.shape[0]
-    for t in prange(n):
-        if t + _AHEAD < n:
-            _prefetch_row(X, rows[t + _AHEAD])
+    for t in prange(rows.shape[0]):
+        _prefetch_ahead(X, rows, t)
         r = rows[t]
         out[t] = _ratio(_dense_row(q, X, r), qn, xn[r])
 
 
 def _sparse_dense_impl(qi, qv, qn, X, xn, rows, out):
-    n = rows.shape[0]
-    for t in prange(n):
-        if t + _AHEAD < n:
-            _prefetch_row(X, rows[t + _AHEAD])
+    for t in prange(rows.shape[0]):
+        _prefetch_ahead(X, rows, t)
         r = rows[t]
         out[t] = _ratio(_sparse_dense_row(qi, qv, X, r), qn, xn[r])
 
