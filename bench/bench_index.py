@@ -78,6 +78,9 @@ def run(n: int, nq: int, peer: bool, workdir: Path) -> list[str]:
     per_vec = disk_bytes(path) / n
 
     ix = Index.open(path)
+    t = time.perf_counter()
+    ix.warm()  # what `gmmlsh serve` does at start: the steady state a server answers from
+    warm_s = time.perf_counter() - t
     numba.set_num_threads(1)
     for q in Q[:20]:
         ix.query(q)
@@ -151,12 +154,13 @@ def run(n: int, nq: int, peer: bool, workdir: Path) -> list[str]:
         "",
         f"- inserts after the build (batches of 1,000, 2 threads): {insert_rate:,.0f} vectors/s",
         f"- LMDB disk bytes per vector: {per_vec:,.0f} (raw float32 vector: {784 * 4:,})",
+        f"- caches warmed before the queries, as `gmmlsh serve` does at start: {warm_s:.1f} s",
     ]
-    default = rows[3]
-    lines.append(
-        f"- default lsh ({default[0]}): {default[2] / exact_single:.1f}× the in-memory exact scan "
-        f"(one query), {default[2] / exact_batched:.1f}× batched exact, {default[2] / index_exact:.0f}× exact via index"
-    )
+    for row in (rows[3], rows[2]):
+        lines.append(
+            f"- lsh ({row[0]}, recall {row[1]:.3f}): {row[2] / exact_single:.1f}× the in-memory exact scan "
+            f"(one query), {row[2] / exact_batched:.1f}× batched exact, {row[2] / index_exact:.0f}× exact via index"
+        )
     if peer_rows:
         lines.append(f"- build: {peer_build / build_s:.1f}× faster than pynndescent's warm build")
     return lines
