@@ -19,8 +19,12 @@ import os
 import shutil
 import socket
 import tempfile
+from typing import TYPE_CHECKING
 
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 APP = "service.app:create_app"
 
@@ -78,7 +82,7 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 
-def tcp_listener(config) -> socket.socket:
+def tcp_listener(config: uvicorn.Config) -> socket.socket:
     """``config.bind_socket()`` re-wrapped with ``proto=IPPROTO_TCP``.
 
     uvicorn binds the shared listener of ``--workers N`` with ``proto`` 0; accepted
