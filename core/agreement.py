@@ -97,6 +97,19 @@ def _scan_scores(q, F, have, n, scores):
         scores[r] = np.int32(c) * h + (h - 1)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _cut(hist, top, need, weight):
+    """Walk down from the top score while the rows above, each counted ``weight`` times,
+    stay short of ``need``: (the cut score, how many rows score above it).
+    ``hist[s + 1]`` counts the rows scoring ``s``."""
+    cut = top
+    taken = 0
+    while cut > 0 and (taken + hist[cut + 1]) * weight < need:
+        taken += hist[cut + 1]
+        cut -= 1
+    return cut, taken
+
+
 @njit(nogil=True, cache=True)
 def _best(scores, rows, c, top):
     """The ``c`` best of ``scores`` (−1 = absent) by a counting selection; fills ``rows``/``out``.
@@ -111,12 +124,8 @@ def _best(scores, rows, c, top):
     hist = hists[0] + hists[1] + hists[2] + hists[3]
     live = n - hist[0]
     c = min(c, live)
-    cut = top  # lowest score that still makes the cut, and how many at exactly it fit
-    taken = 0
-    while cut > 0 and taken + hist[cut + 1] < c:
-        taken += hist[cut + 1]
-        cut -= 1
-    room = c - taken
+    cut, taken = _cut(hist, top, c, 1)  # lowest score that still makes the cut
+    room = c - taken  # how many at exactly the cut fit
     keep = np.empty(c, dtype=np.int64)
     out = np.empty(c, dtype=np.int32)
     t = 0
@@ -156,11 +165,7 @@ def _best_of_all(scores, c, top):
     hist = np.zeros(top + 2, dtype=np.int64)
     for i in range(0, n, _SAMPLE_STRIDE):
         hist[scores[i] + 1] += 1
-    cut = top
-    taken = 0
-    while cut > 0 and (taken + hist[cut + 1]) * _SAMPLE_STRIDE < _SAMPLE_AIM * c:
-        taken += hist[cut + 1]
-        cut -= 1
+    cut, _ = _cut(hist, top, _SAMPLE_AIM * c, _SAMPLE_STRIDE)
     cap = 4 * _SAMPLE_AIM * c
     rows = np.empty(cap, dtype=np.int64)
     m = 0
