@@ -40,6 +40,12 @@ def pack2(codes: np.ndarray, words: int | None = None) -> np.ndarray:
     return out
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _agree(x):
+    """Agreeing 2-bit codes in a word of XORed codes."""
+    return popcount(~(x | (x >> np.uint64(1))) & _M01)
+
+
 @njit(nogil=True, cache=True)
 def agreement2(q, S, rows):
     """Samples on which query words ``q`` agree with rows ``rows`` of ``S`` (both from :func:`pack2`).
@@ -52,14 +58,14 @@ def agreement2(q, S, rows):
         r = rows[t]
         c = np.uint64(0)
         for j in range(w):
-            x = S[r, j] ^ q[j]
-            c += popcount(~(x | (x >> np.uint64(1))) & _M01)
+            c += _agree(S[r, j] ^ q[j])
         out[t] = np.int32(c)
     return out
 
 
 #: Words of each row the first stage of the scan reads (256 samples: 64 bytes).
 FIRST_WORDS = 8
+
 
 def first_words(S: np.ndarray) -> np.ndarray:
     """The first-stage words of packed rows, word-major ``(FIRST_WORDS, n)``: what the scan reads.
@@ -71,12 +77,6 @@ def first_words(S: np.ndarray) -> np.ndarray:
     w1 = min(FIRST_WORDS, S.shape[1])
     F[:w1] = S[:, :w1].T
     return F
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _agree(x):
-    """Agreeing 2-bit codes in a word of XORed codes."""
-    return popcount(~(x | (x >> np.uint64(1))) & _M01)
 
 
 @njit(nogil=True, cache=True)
@@ -112,7 +112,9 @@ def _cut(hist, top, need, weight):
 
 @njit(nogil=True, cache=True)
 def _best(scores, rows, c, top):
-    """The ``c`` best of ``scores`` (−1 = absent) by a counting selection; fills ``rows``/``out``.
+    """(rows, scores) of the ``c`` best of ``scores`` (−1 = absent), by a counting selection.
+
+    Ties at the cut go to the earliest; the result keeps the order of ``rows``.
 
     The histogram is kept four times over (row i counts in copy i mod 4) so that
     runs of equal scores do not serialise on one counter.
@@ -156,8 +158,8 @@ def _best_of_all(scores, c, top):
     60,000). Instead the histogram of a strided sample gives a cut that keeps about
     twice ``c``; the rows at or above it are collected in row order and
     :func:`_best` picks exactly among them. Whenever the collected rows are fewer
-    than ``c`` (the sample misjudged, or few rows are live) or overflow the buffer,
-    it falls back to the full selection, so the answer never depends on the sample.
+    than ``c`` (the sample misjudged, or few rows are live) it falls back to the
+    full selection, so the answer never depends on the sample.
     """
     n = scores.shape[0]
     if n < 16 * c:
@@ -166,19 +168,10 @@ def _best_of_all(scores, c, top):
     for i in range(0, n, _SAMPLE_STRIDE):
         hist[scores[i] + 1] += 1
     cut, _ = _cut(hist, top, _SAMPLE_AIM * c, _SAMPLE_STRIDE)
-    cap = 4 * _SAMPLE_AIM * c
-    rows = np.empty(cap, dtype=np.int64)
-    m = 0
-    for i in range(n):
-        s = scores[i]
-        if s >= cut and s >= 0:
-            if m == cap:
-                return _best(scores, np.arange(n), c, top)
-            rows[m] = i
-            m += 1
-    if m < c:
+    rows = np.flatnonzero(scores >= max(cut, 0))
+    if rows.shape[0] < c:
         return _best(scores, np.arange(n), c, top)
-    return _best(scores[rows[:m]], rows[:m], c, top)
+    return _best(scores[rows], rows, c, top)
 
 
 @njit(nogil=True, cache=True)
@@ -192,7 +185,7 @@ def top_by_agreement(q, S, F, have, n, c):
     almost nothing (recall@10 0.993 vs 0.994 at c = 200) and reads half the
     bytes. Counting selections over the small integer scores, so no sort of n
     values. ``q`` and ``S`` have at least ``FIRST_WORDS`` words (``pack2`` with
-    ``words`` a multiple of 8). Returns (rows, scores), unordered.
+    ``words`` a multiple of 8). Returns (rows, scores), rows ascending.
     """
     w = q.shape[0]
     w1 = FIRST_WORDS

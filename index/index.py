@@ -150,13 +150,8 @@ class _RowCache:
         """Write decoded rows (under the lock); subclasses keeping derived arrays extend it."""
         self.values[iids], self.norms[iids] = values, norms
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(values, have) as one consistent pair (a concurrent grow swaps both)."""
-        with self._lock:
-            return self.values, self.have
-
     def scoring_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(values, norms, have) as one consistent triple."""
+        """(values, norms, have) as one consistent triple (a concurrent grow swaps all three)."""
         with self._lock:
             return self.values, self.norms, self.have
 

@@ -48,6 +48,7 @@ from index.store import (
     RecordBatch,
     StoreError,
     StoreUnavailable,
+    decode_names,
 )
 
 _CONFIG_KEY = b"config"
@@ -440,7 +441,7 @@ class LmdbStore:
 
     def external_ids(self, iids: np.ndarray) -> list[str | None]:
         """External ids of these internal ids; None where the iid is gone."""
-        return [v.decode("utf-8") if v is not None else None for v in self._get_by_iid(self._iid2ext, iids)]
+        return decode_names(self._get_by_iid(self._iid2ext, iids))
 
     def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
         """Blob ``field`` of each iid, in order; None where absent. One C-level call."""
@@ -449,7 +450,7 @@ class LmdbStore:
     def ids_and_fetch(self, iids: np.ndarray, field: str) -> tuple[list[str | None], list[bytes | None]]:
         """:meth:`external_ids` and :meth:`fetch` together, from one snapshot."""
         names, blobs = self._get_by_iid_from((self._iid2ext, self._field_db(field)), iids)
-        return [v.decode("utf-8") if v is not None else None for v in names], blobs
+        return decode_names(names), blobs
 
     def bucket_members(self, keys: Sequence[bytes] | np.ndarray) -> np.ndarray:
         """Members (uint32) of all these buckets concatenated, one entry per bucket hit.

@@ -112,6 +112,7 @@ from index.store import (
     RecordBatch,
     StoreError,
     StoreUnavailable,
+    decode_names,
 )
 
 __all__ = ["RedisStore"]
@@ -1055,7 +1056,7 @@ class RedisStore:
     @_unavailable
     def external_ids(self, iids: np.ndarray) -> list[str | None]:
         """External ids of these internal ids; None where the iid is gone (or not yet live)."""
-        return [v.decode("utf-8") if v is not None else None for v in self._get_blobs(iids, "x")]
+        return decode_names(self._get_blobs(iids, "x"))
 
     @_unavailable
     def fetch(self, iids: np.ndarray, field: str) -> list[bytes | None]:
@@ -1066,7 +1067,7 @@ class RedisStore:
     def ids_and_fetch(self, iids: np.ndarray, field: str) -> tuple[list[str | None], list[bytes | None]]:
         """:meth:`external_ids` and :meth:`fetch` together, in one round trip."""
         names, blobs = self._get_blob_families(iids, ("x", self._family(field)))
-        return [v.decode("utf-8") if v is not None else None for v in names], blobs
+        return decode_names(names), blobs
 
     @staticmethod
     def _family(field: str) -> str:

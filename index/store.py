@@ -92,6 +92,11 @@ class RecordBatch:
             raise ValueError("; ".join(problems))
 
 
+def decode_names(blobs: list[bytes | None]) -> list[str | None]:
+    """External-id blobs as stored (UTF-8) → strings; None stays None."""
+    return [b.decode("utf-8") if b is not None else None for b in blobs]
+
+
 class Store(Protocol):
     """A backend. All methods are safe to call from several threads of one process."""
 
