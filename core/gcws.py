@@ -29,6 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
+from core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, walk_vector
 from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
 from core.rng import coord_key, hash_code, uniform
 from core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
@@ -44,6 +45,11 @@ _GROUP = 16
 _BYTES_PER_CONSTANT = 16
 #: Largest constant table kept per process (bytes); beyond it the table-free path runs.
 TABLE_BUDGET_BYTES = 64 << 20
+#: A dense row takes the sorted walk when nonzeros² ≥ this · 2D: the walk's length
+#: grows as the row gets sparser (its lists hold the zeros too), the reference
+#: kernel's with the nonzeros (measured on Fashion-MNIST, where the two meet near
+#: 350 of 1,568 coordinates).
+_WALK_MIN = 80
 
 
 def _fill_constants_impl(coords, k, seed):
@@ -144,21 +150,30 @@ def _sample_split_impl(indptr, rows, coords, logs, table, k, out_i, out_t, want_
             _sample_vector(v, indptr[v], indptr[v + 1], rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
 
 
-def _sample_dense_impl(X, rowmap, table, k, out_i, out_t, want_t):
+def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
     """GCWS of dense rows: each row is sign-split into small reused buffers, then sampled.
 
     Splitting a whole batch first would write 16 bytes per nonzero to fresh memory
     (376 MB for Fashion-MNIST's 60,000 rows) and spend its time in page faults.
-    ``rowmap[c]`` is the table row of 2D coordinate ``c``.
+    ``rowmap[c]`` is the table row of 2D coordinate ``c``. With a walk table
+    (``walk_e`` not empty: the full table, i* only) rows dense enough for it to pay
+    go through :func:`core.gcws_walk.walk_vector`; a tie sends a row back here.
     """
     n, d = X.shape
+    walk = walk_e.shape[0] > 0 and not want_t
     for ch in prange((n + _CHUNK - 1) // _CHUNK):
         best, arg = _minima(table.shape[1])
         coords = np.empty(d, dtype=np.int64)
         rows = np.empty(d, dtype=np.int64)
         logs = np.empty(d, dtype=np.float64)
+        lx2 = np.full(2 * d if walk else 0, np.nan)
+        g = np.empty(_JB)
+        wbest = np.empty((2, _JB))
+        warg = np.empty((2, _JB), dtype=np.int32)
+        wtie = np.empty(_JB, dtype=np.bool_)
         for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
             p = 0
+            top = 0.0
             for i in range(d):
                 # Widen first: numba's log of a float32 is a float32, and sketches must not
                 # depend on the input's dtype.
@@ -168,7 +183,16 @@ def _sample_dense_impl(X, rowmap, table, k, out_i, out_t, want_t):
                     coords[p] = c
                     rows[p] = rowmap[c]
                     logs[p] = math.log(abs(x))
+                    top = max(top, logs[p])
                     p += 1
+            if walk and p * p >= _WALK_MIN * 2 * d:
+                for q in range(p):
+                    lx2[coords[q]] = logs[q]
+                done = walk_vector(lx2, top * (1.0 + 1e-6), walk_e, walk_c, k, out_i[v], g, wbest, warg, wtie)
+                for q in range(p):
+                    lx2[coords[q]] = np.nan
+                if done:
+                    continue
             _sample_vector(v, 0, p, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
 
 
@@ -228,6 +252,23 @@ def constant_table(dim2: int, k: int, seed: int) -> np.ndarray:
         table = _fill_constants(np.arange(dim2, dtype=np.int64), k, np.uint64(seed))
     table.setflags(write=False)
     return table
+
+
+#: Stand-in walk table: the sorted walk is off (direct path, or t* wanted).
+NO_WALK = (np.empty((0, 0, 5, _JB), dtype=np.float32), np.empty((0, 0, _JB), dtype=np.uint32))
+
+
+@functools.lru_cache(maxsize=4)
+def walk_table(dim2: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted walk's lists (:mod:`core.gcws_walk`) of the full constant table, or
+    :data:`NO_WALK` when they would not fit :data:`TABLE_BUDGET_BYTES`. Once per process."""
+    padded = -(-k // _JB) * _JB
+    if dim2 * padded * BYTES_PER_ENTRY > TABLE_BUDGET_BYTES:
+        return NO_WALK
+    E, C = build_walk_table(constant_table(dim2, k, seed))
+    E.setflags(write=False)
+    C.setflags(write=False)
+    return E, C
 
 
 def table_fits(dim: int, k: int, budget: int = TABLE_BUDGET_BYTES) -> bool:
@@ -319,13 +360,15 @@ def sketch(
     if form == "dense":
         if path == "table":
             table, rowmap = constant_table(2 * dim, k, int(seed)), np.arange(2 * dim, dtype=np.int64)
+            walk = NO_WALK if return_t else walk_table(2 * dim, k, int(seed))
         else:
+            walk = NO_WALK
             used = _dense_coords(data)
             table = _direct_table(used, k, seed)
             rowmap = np.zeros(2 * dim, dtype=np.int64)
             rowmap[used] = np.arange(used.shape[0])
-        _run(_sample_dense, _sample_dense_serial, data.size * k // 2, n, data, rowmap, table, k, out_i, out_t,
-             return_t)
+        _run(_sample_dense, _sample_dense_serial, data.size * k // 2, n, data, rowmap, table, *walk, k, out_i,
+             out_t, return_t)
     else:
         n, dim, indptr, coords, logs = data
         if path == "table":

@@ -32,11 +32,12 @@ def best_by_score(rows, scores, exclude, budget):
 
 
 @njit(nogil=True, cache=True)
-def rank_dense_query(q, table, k, bits, seed, words, S, F, have, n, budget, exclude, values, norms, cached,
-                     qn):
+def rank_dense_query(q, table, walk_e, walk_c, k, bits, seed, words, S, F, have, n, budget, exclude, values, norms,
+                     cached, qn):
     """(rows, exact GMMs, all cached) of the default lsh query for one dense float32 vector ``q``.
 
-    ``table``: the full GCWS constant table of ``2·len(q)`` coordinates; ``S``/``F``/``have``:
+    ``table``/``walk_e``/``walk_c``: the full GCWS constant table of ``2·len(q)``
+    coordinates and its walk lists (:func:`core.gcws.walk_table`); ``S``/``F``/``have``:
     the 2-bit ranking codes and first-stage words of the first ``n`` rows; ``values``/
     ``norms``/``cached``: the vector cache; ``qn``: the L1 norm of ``q`` (summed by numpy,
     as the step-by-step path sums it). When a chosen row is not cached yet the
@@ -45,7 +46,7 @@ def rank_dense_query(q, table, k, bits, seed, words, S, F, have, n, budget, excl
     d = q.shape[0]
     out_i = np.empty((1, k), dtype=np.int32)
     out_t = np.empty((1, 1), dtype=np.int64)
-    _sample_dense_serial(q.reshape((1, d)), np.arange(2 * d), table, k, out_i, out_t, False)
+    _sample_dense_serial(q.reshape((1, d)), np.arange(2 * d), table, walk_e, walk_c, k, out_i, out_t, False)
     packed = _pack2(_codes(out_i, out_t, False, 0, bits, seed))
     qw = np.zeros(words, dtype=np.uint64)
     qw[: packed.shape[1]] = packed[0]

@@ -498,9 +498,15 @@ class Index:
         qh = self._hashable(q if sp.issparse(q) else q[None, :])
         k, _, min_similarity, budget, bands = opts
         if mode == "lsh" and bands is None and self._fused_applies(qh):
-            found = self._lsh_fused(qh[0], exclude, budget)
+            found = self._lsh_fused(qh[0], exclude, budget, speculative=True)
             if found is not None:
-                return self._result(mode, k, *found, min_similarity, id)
+                result = self._result(mode, k, *found, min_similarity, id)
+                if result is not None:
+                    return result
+                # another process allocated iids since this one's cache was current
+                found = self._lsh_fused(qh[0], exclude, budget)
+                if found is not None:
+                    return self._result(mode, k, *found, min_similarity, id)
         codes = self._codes(qh) if mode == "lsh" else None
         return self._answer(q, qh, codes, exclude, *opts, exclude_id=id)
 
@@ -552,7 +558,7 @@ class Index:
             iids, sims = self._exact(q64, exclude)
         else:
             iids, sims = self._nrff(q, exclude, budget)
-        return self._result(mode, k, iids, sims, min_similarity, exclude_id)
+        return self._result(mode, k, iids, sims, None, min_similarity, exclude_id)
 
     @staticmethod
     def _check_k(k) -> int:
@@ -610,21 +616,32 @@ class Index:
         return (self._cache is not None and self._center is None and not cfg.t_bits
                 and not sp.issparse(qh) and qh.dtype == np.float32 and gcws.table_fits(cfg.dim, cfg.k))
 
-    def _lsh_fused(self, q32: np.ndarray, exclude: int, budget: int):
-        """The default lsh query in one compiled call; None when the scan cannot hold the index."""
-        if self._refresh_sketches() < 0:
+    def _lsh_fused(self, q32: np.ndarray, exclude: int, budget: int, speculative: bool = False):
+        """The default lsh query in one compiled call: (rows, sims, unconfirmed), or None
+        when the scan cannot hold the index.
+
+        With ``speculative`` the sketch cache is scanned as it is, without first asking
+        the store for new iids (a round trip on Redis), and ``unconfirmed`` is the
+        allocation token the cache was current at: the answer's own read then checks
+        it (see :meth:`_result`). Otherwise the cache is refreshed first and
+        ``unconfirmed`` is None. Not speculative before the first refresh or while
+        some iids wait to be re-fetched (a writer was mid-commit).
+        """
+        unconfirmed = self._token if speculative and not self._holes.shape[0] else None
+        if (unconfirmed is None or self._scan_n > self._sketches.max_rows) and self._refresh_sketches() < 0:
             return None
         cfg = self.config
         S, F, have = self._sketches.scan_arrays()
         values, norms, cached = self._cache.scoring_arrays()
         table = gcws.constant_table(2 * cfg.dim, cfg.k, cfg.seed)
+        walk_e, walk_c = gcws.walk_table(2 * cfg.dim, cfg.k, cfg.seed)
         rows, sims, complete = rank_dense_query(
-            q32, table, cfg.k, cfg.bits, np.uint64(cfg.seed), self._rank_words, S, F, have,
+            q32, table, walk_e, walk_c, cfg.k, cfg.bits, np.uint64(cfg.seed), self._rank_words, S, F, have,
             min(self._scan_n, S.shape[0]), budget, exclude, values, norms, cached,
             float(np.abs(q32.astype(np.float64)).sum()))
         if not complete:  # some chosen rows are not cached yet: fetch and score them
-            return self._score(q32, rows)
-        return rows, sims
+            return (*self._score(q32, rows), unconfirmed)
+        return rows, sims, unconfirmed
 
     def _refresh_sketches(self) -> int:
         """Bring the sketch cache up to date with the store; −1 if it cannot hold them all.
@@ -737,25 +754,37 @@ class Index:
         rho = np.clip(dots / (xn * qn), -1.0, 1.0)
         return live, np.exp(-self.config.gamma * (1.0 - rho))
 
-    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, min_similarity: float,
-                exclude_id: str | None = None) -> QueryResult:
+    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, unconfirmed, min_similarity: float,
+                exclude_id: str | None = None) -> QueryResult | None:
         """The best k scored candidates that are still live, with their ids and metadata.
 
         A candidate can be a retired version (replaced or deleted since this process
         cached it): it has no id any more. Such iids are skipped — the window widens
         until k live ones are found — and forgotten, so they stop taking rerank slots.
         ``exclude_id`` (a query by id) is left out by name too: the id may have been
-        replaced by a new version since its iid was looked up.
+        replaced by a new version since its iid was looked up. ``unconfirmed``: the
+        allocation token a speculative scan used (None: nothing to confirm); the first
+        read also asks whether iids were allocated since, and if so the answer may miss
+        them: None is returned and the caller answers again after a refresh.
         """
         scored = int(iids.shape[0])
         keep = sims >= min_similarity
         iids, sims = iids[keep], sims[keep]
         order = np.argsort(-sims, kind="stable")
+        if unconfirmed is not None and order.shape[0] == 0:
+            return None if self.store.ids_fetch_and_news(order, "meta", unconfirmed)[2] else \
+                QueryResult(mode=mode, k=k, candidates=scored, neighbors=[])
         neighbors: list[Neighbor] = []
         start, window = 0, k
         while len(neighbors) < k and start < order.shape[0]:
             sel = order[start : start + window]
-            names, metas = self.store.ids_and_fetch(iids[sel], "meta")
+            if unconfirmed is not None:
+                names, metas, news = self.store.ids_fetch_and_news(iids[sel], "meta", unconfirmed)
+                if news:
+                    return None
+                unconfirmed = None
+            else:
+                names, metas = self.store.ids_and_fetch(iids[sel], "meta")
             for iid, s, name, m in zip(iids[sel].tolist(), sims[sel].tolist(), names, metas, strict=True):
                 if name is None:
                     self._forget(iid)
@@ -783,6 +812,9 @@ class Index:
         queries; the service warms each worker at start. Returns rows loaded.
         """
         n = self._refresh_sketches()
+        cfg = self.config
+        if cfg.storage == "dense" and gcws.table_fits(cfg.dim, cfg.k):
+            gcws.walk_table(2 * cfg.dim, cfg.k, cfg.seed)  # and the constant table it is built from
         if vectors and self._cache is not None:
             for iids, blobs in self.store.scan("vector"):
                 self._cache.put(iids, blobs)

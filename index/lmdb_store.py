@@ -452,6 +452,12 @@ class LmdbStore:
         names, blobs = self._get_by_iid_from((self._iid2ext, self._field_db(field)), iids)
         return decode_names(names), blobs
 
+    def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
+                           ) -> tuple[list[str | None], list[bytes | None], bool]:
+        """:meth:`ids_and_fetch` and whether the iid counter moved past ``token``."""
+        names, blobs = self.ids_and_fetch(iids, field)
+        return names, blobs, self.iid_bound() > (0 if token is None else int(token))
+
     def bucket_members(self, keys: Sequence[bytes] | np.ndarray) -> np.ndarray:
         """Members (uint32) of all these buckets concatenated, one entry per bucket hit.
 

@@ -1025,33 +1025,56 @@ class RedisStore:
 
     def _get_blob_families(self, iids: np.ndarray, fams: Sequence[str]) -> list[list[bytes | None]]:
         """:meth:`_get_blobs` for several families in one pipelined round trip."""
+        outs, cmds, fill = self._blob_family_reads(iids, fams)
+        fill(self._pipeline(cmds))
+        return outs
+
+    def _blob_family_reads(self, iids: np.ndarray, fams: Sequence[str]):
+        """(outputs, commands, fill): one HMGET per chunk key; ``fill(replies)`` puts the
+        replies of ``commands`` into the outputs (lists of None until then)."""
         a = np.asarray(iids).ravel().astype(np.int64, copy=False)
         outs: list[list[bytes | None]] = [[None] * a.size for _ in fams]
-        if a.size == 0:
-            return outs
+        lay = self._get_layout(create=False) if a.size else None
+        valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT)) if lay is not None else np.empty(0, np.int64)
+        cmds, plan = [], []
+        if valid.size:
+            for out, fam in zip(outs, fams, strict=True):
+                s, c, f = self._locs(a[valid], fam, lay)
+                kid = s * (1 << 32) + c  # one id per chunk key
+                order = np.argsort(kid, kind="stable")
+                kid_sorted = kid[order]
+                cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
+                f_sorted = f[order].tolist()
+                pos = valid[order].tolist()
+                for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
+                    k = int(kid_sorted[lo])
+                    cmds.append(("HMGET", f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", *f_sorted[lo:hi]))
+                    plan.append((out, pos, lo))
+
+        def fill(replies: list) -> None:
+            for (out, pos, lo), vals in zip(plan, replies, strict=True):
+                for j, v in enumerate(vals):
+                    out[pos[lo + j]] = v
+
+        return outs, cmds, fill
+
+    @_unavailable
+    def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
+                           ) -> tuple[list[str | None], list[bytes | None], bool]:
+        """:meth:`ids_and_fetch` and whether any shard sequence moved past ``token``: one round trip."""
         lay = self._get_layout(create=False)
         if lay is None:
-            return outs
-        valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT))
-        if valid.size == 0:
-            return outs
-        cmds, plan = [], []
-        for out, fam in zip(outs, fams, strict=True):
-            s, c, f = self._locs(a[valid], fam, lay)
-            kid = s * (1 << 32) + c  # one id per chunk key
-            order = np.argsort(kid, kind="stable")
-            kid_sorted = kid[order]
-            cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
-            f_sorted = f[order].tolist()
-            pos = valid[order].tolist()
-            for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
-                k = int(kid_sorted[lo])
-                cmds.append(("HMGET", f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", *f_sorted[lo:hi]))
-                plan.append((out, pos, lo))
-        for (out, pos, lo), vals in zip(plan, self._pipeline(cmds), strict=True):
-            for j, v in enumerate(vals):
-                out[pos[lo + j]] = v
-        return outs
+            return [None] * len(iids), [None] * len(iids), False
+        (names, blobs), cmds, fill = self._blob_family_reads(iids, ("x", self._family(field)))
+        S = lay["shards"]
+        seq_keys = [self._shard_keys(s)[4] for s in range(S)]
+        seq_cmds = [("GET", k) for k in seq_keys] if self._is_cluster else [("MGET", *seq_keys)]
+        replies = self._pipeline(cmds + seq_cmds)
+        fill(replies[: len(cmds)])
+        seqs = replies[len(cmds):] if self._is_cluster else replies[len(cmds)]
+        old = list(token) if token is not None else [0] * S
+        news = any(int(v or 0) > o for v, o in zip(seqs, old, strict=True))
+        return decode_names(names), blobs, news
 
     @_unavailable
     def external_ids(self, iids: np.ndarray) -> list[str | None]:

@@ -141,6 +141,15 @@ class Store(Protocol):
         A query's answer needs both (names and metadata of its neighbours).
         """
 
+    def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
+                           ) -> tuple[list[str | None], list[bytes | None], bool]:
+        """:meth:`ids_and_fetch`, plus whether any iid was allocated since ``token``
+        (from :meth:`allocated_since`), in the same round trip.
+
+        Lets a reader answer from its sketch cache first and confirm it was
+        current with the answer's own read, instead of a round trip before it.
+        """
+
     def scan(self, field: str, batch_size: int = 4096) -> Iterator[tuple[np.ndarray, list[bytes]]]:
         """Every live record's ``field`` in internal-id order, as (iids, blobs) chunks."""
 

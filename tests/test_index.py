@@ -249,6 +249,33 @@ def test_scan_sees_vectors_written_by_another_process(location, fmnist):
             assert top.id == f"v{i}" and top.similarity == pytest.approx(1.0)
 
 
+def test_a_warm_redis_query_is_one_round_trip(redis_url, fmnist):  # noqa: F811
+    """In steady state the answer's own read confirms that the sketch cache was current
+    (Index._result), so a query is one pipelined round trip; after another writer's
+    insert the confirmation fails, and the query refreshes and answers again."""
+    X, _, Q, _ = fmnist
+    opts = {"prefix": f"t{uuid.uuid4().hex[:12]}"}
+    with Index.open(redis_url, IndexConfig(dim=784, bands=8, rows=4), **opts) as ix, \
+            Index.open(redis_url, **opts) as writer:
+        ix.upsert(_ids(0, 500), X[:500])
+        ix.warm()
+        ix.query(Q[0])
+        trips = []
+        real = ix.store._pipeline
+        ix.store._pipeline = lambda commands: trips.append(len(commands)) or real(commands)
+        for q in Q[:20]:
+            ix.query(q, k=5)
+        assert len(trips) == 20
+        writer.upsert(["new"], X[600:601])
+        trips.clear()
+        top = ix.query(X[600], k=1).neighbors[0]
+        assert top.id == "new" and top.similarity == pytest.approx(1.0)
+        assert len(trips) >= 3  # the failed confirmation, the refresh, the answer
+        trips.clear()
+        ix.query(X[600], k=1)
+        assert len(trips) == 1
+
+
 def test_bad_input_changes_nothing(location):
     with _open(location, IndexConfig(dim=8, bands=4, rows=2)) as ix:
         ix.upsert(["a"], np.ones((1, 8)))
@@ -302,7 +329,7 @@ def test_fused_query_answers_exactly_as_the_step_by_step_path(location, fmnist, 
         warm = answers()
         calls = []
         real = Index._lsh_fused
-        monkeypatch.setattr(Index, "_lsh_fused", lambda self, *a: calls.append(1) or real(self, *a))
+        monkeypatch.setattr(Index, "_lsh_fused", lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
         assert answers() == warm and len(calls) == 60, "the fused path answers the default query"
         monkeypatch.setattr(Index, "_fused_applies", lambda self, qh: False)
         assert answers() == warm == cold
