@@ -17,7 +17,10 @@ samples as one contiguous run (16 bytes a sample: 12 MB for 784 dimensions and
 k = 480, which stays in cache between queries); and rows are spread over
 threads with ``prange``. The constants are computed in float64 and rounded to
 float32 once, when they are made; the sampling arithmetic is float64 on every
-path (DESIGN §1), so the table and the table-free path are bit-identical.
+path (DESIGN §1), so the table and the table-free path are bit-identical. Dense rows
+with many nonzeros, when only i* is wanted, take the sorted walk of
+:mod:`core.gcws_walk` instead: it visits each sample's coordinates in order of a lower
+bound on ``ln a`` and stops once none can win, with the same result.
 """
 
 from __future__ import annotations
