@@ -257,6 +257,11 @@ def constant_table(dim2: int, k: int, seed: int) -> np.ndarray:
     return table
 
 
+def _padded(k: int) -> int:
+    """Samples a table holds for ``k``: whole blocks of ``_JB``."""
+    return -(-k // _JB) * _JB
+
+
 #: Stand-in walk table: the sorted walk is off (direct path, or t* wanted).
 NO_WALK = (np.empty((0, 0, 5, _JB), dtype=np.float32), np.empty((0, 0, _JB), dtype=np.uint32))
 
@@ -265,8 +270,7 @@ NO_WALK = (np.empty((0, 0, 5, _JB), dtype=np.float32), np.empty((0, 0, _JB), dty
 def walk_table(dim2: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The sorted walk's lists (:mod:`core.gcws_walk`) of the full constant table, or
     :data:`NO_WALK` when they would not fit :data:`TABLE_BUDGET_BYTES`. Once per process."""
-    padded = -(-k // _JB) * _JB
-    if dim2 * padded * BYTES_PER_ENTRY > TABLE_BUDGET_BYTES:
+    if dim2 * _padded(k) * BYTES_PER_ENTRY > TABLE_BUDGET_BYTES:
         return NO_WALK
     E, C = build_walk_table(constant_table(dim2, k, seed))
     E.setflags(write=False)
@@ -276,8 +280,7 @@ def walk_table(dim2: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def table_fits(dim: int, k: int, budget: int = TABLE_BUDGET_BYTES) -> bool:
     """Whether a full constant table for ``dim`` input dimensions and ``k`` samples fits."""
-    padded = -(-k // _JB) * _JB
-    return 2 * dim * padded * _BYTES_PER_CONSTANT <= budget
+    return 2 * dim * _padded(k) * _BYTES_PER_CONSTANT <= budget
 
 
 def _prepare(X, center, check: bool = True):

@@ -47,6 +47,8 @@ def build_walk_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Rounding B down keeps the bound safe: a float32 B above ``best + U`` means the
     float64 one is too.
     """
+    if table.ndim != 4 or table.shape[2:] != (4, LANES):
+        raise ValueError(f"table: expected shape (coords, blocks, 4, {LANES}), got {table.shape}")
     t64 = table.astype(np.float64)
     bound = t64[:, :, 2, :] - t64[:, :, 3, :] * t64[:, :, 1, :]  # (coords, nblk, lanes)
     order = np.argsort(bound, axis=0, kind="stable")

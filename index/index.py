@@ -498,15 +498,14 @@ class Index:
         qh = self._hashable(q if sp.issparse(q) else q[None, :])
         k, _, min_similarity, budget, bands = opts
         if mode == "lsh" and bands is None and self._fused_applies(qh):
-            found = self._lsh_fused(qh[0], exclude, budget, speculative=True)
-            if found is not None:
+            # speculative first; again after a refresh if another process allocated iids since
+            for speculative in (True, False):
+                found = self._lsh_fused(qh[0], exclude, budget, speculative)
+                if found is None:
+                    break
                 result = self._result(mode, k, *found, min_similarity, id)
                 if result is not None:
                     return result
-                # another process allocated iids since this one's cache was current
-                found = self._lsh_fused(qh[0], exclude, budget)
-                if found is not None:
-                    return self._result(mode, k, *found, min_similarity, id)
         codes = self._codes(qh) if mode == "lsh" else None
         return self._answer(q, qh, codes, exclude, *opts, exclude_id=id)
 
@@ -754,8 +753,8 @@ class Index:
         rho = np.clip(dots / (xn * qn), -1.0, 1.0)
         return live, np.exp(-self.config.gamma * (1.0 - rho))
 
-    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, unconfirmed, min_similarity: float,
-                exclude_id: str | None = None) -> QueryResult | None:
+    def _result(self, mode: str, k: int, iids: np.ndarray, sims: np.ndarray, unconfirmed: object | None,
+                min_similarity: float, exclude_id: str | None = None) -> QueryResult | None:
         """The best k scored candidates that are still live, with their ids and metadata.
 
         A candidate can be a retired version (replaced or deleted since this process
@@ -771,12 +770,10 @@ class Index:
         keep = sims >= min_similarity
         iids, sims = iids[keep], sims[keep]
         order = np.argsort(-sims, kind="stable")
-        if unconfirmed is not None and order.shape[0] == 0:
-            return None if self.store.ids_fetch_and_news(order, "meta", unconfirmed)[2] else \
-                QueryResult(mode=mode, k=k, candidates=scored, neighbors=[])
         neighbors: list[Neighbor] = []
         start, window = 0, k
-        while len(neighbors) < k and start < order.shape[0]:
+        # an unconfirmed answer reads at least once, even with nothing to name
+        while (len(neighbors) < k and start < order.shape[0]) or unconfirmed is not None:
             sel = order[start : start + window]
             if unconfirmed is not None:
                 names, metas, news = self.store.ids_fetch_and_news(iids[sel], "meta", unconfirmed)

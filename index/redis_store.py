@@ -1067,13 +1067,11 @@ class RedisStore:
             return [None] * len(iids), [None] * len(iids), False
         (names, blobs), cmds, fill = self._blob_family_reads(iids, ("x", self._family(field)))
         S = lay["shards"]
-        seq_keys = [self._shard_keys(s)[4] for s in range(S)]
-        seq_cmds = [("GET", k) for k in seq_keys] if self._is_cluster else [("MGET", *seq_keys)]
+        seq_cmds, parse = self._shard_seq_reads(S)
         replies = self._pipeline(cmds + seq_cmds)
         fill(replies[: len(cmds)])
-        seqs = replies[len(cmds):] if self._is_cluster else replies[len(cmds)]
-        old = list(token) if token is not None else [0] * S
-        news = any(int(v or 0) > o for v, o in zip(seqs, old, strict=True))
+        seqs = parse(replies[len(cmds):])
+        news = any(a > b for a, b in zip(seqs, self._token_seqs(token, S), strict=True))
         return decode_names(names), blobs, news
 
     @_unavailable
@@ -1213,12 +1211,21 @@ class RedisStore:
 
     def _shard_seqs(self, S: int) -> list[int]:
         """Every shard's iid sequence: one MGET on a single server, a pipeline on a Cluster."""
+        cmds, parse = self._shard_seq_reads(S)
+        return parse(self._pipeline(cmds))
+
+    def _shard_seq_reads(self, S: int):
+        """(commands, parse): the reads of every shard's sequence, to pipeline with others;
+        ``parse(replies of those commands)`` gives the sequences."""
         keys = [self._shard_keys(s)[4] for s in range(S)]
-        if self._is_cluster:
-            vals = self._pipeline([("GET", k) for k in keys])
-        else:
-            vals = self._pipeline([("MGET", *keys)])[0]
-        return [int(v or 0) for v in vals]
+        if self._is_cluster:  # keys in different slots: one GET each
+            return [("GET", k) for k in keys], lambda replies: [int(v or 0) for v in replies]
+        return [("MGET", *keys)], lambda replies: [int(v or 0) for v in replies[0]]
+
+    @staticmethod
+    def _token_seqs(token: object | None, S: int) -> list[int]:
+        """The shard sequences an :meth:`allocated_since` token holds (None: the start)."""
+        return list(token) if token is not None else [0] * S
 
     @_unavailable
     def allocated_since(self, token: object | None) -> tuple[np.ndarray, object]:
@@ -1232,7 +1239,7 @@ class RedisStore:
             return np.empty(0, dtype=np.int64), token
         S = lay["shards"]
         seqs = self._shard_seqs(S)
-        old = list(token) if token is not None else [0] * S
+        old = self._token_seqs(token, S)
         parts = [np.arange(old[s], seqs[s], dtype=np.int64) * S + s for s in range(S) if seqs[s] > old[s]]
         new = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
         return new, tuple(max(a, b) for a, b in zip(old, seqs, strict=True))

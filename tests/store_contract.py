@@ -272,6 +272,12 @@ class StoreContract:
         assert store.external_ids(q) == ["z", None, "x", "z", None, "y"]
         assert store.ids_and_fetch(q, "vector") == (store.external_ids(q), want)
         assert store.ids_and_fetch(q[:0], "meta") == ([], [])
+        _, token = store.allocated_since(None)
+        assert store.ids_fetch_and_news(q, "vector", token) == (store.external_ids(q), want, False)
+        assert store.ids_fetch_and_news(q[:0], "meta", token) == ([], [], False)
+        assert store.ids_fetch_and_news(q, "vector", None)[2]  # allocations since the start
+        store.upsert(make_batch(["w"], rng)[0], band_keys_of)
+        assert store.ids_fetch_and_news(q[:0], "meta", token)[2]
 
     def test_lookup_order_duplicates_unicode(self, store, rng):
         ids = ["plain", "with space", "ünïcødé-ß-猫", "a/b:c{d}", "0"]
