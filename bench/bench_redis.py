@@ -111,13 +111,20 @@ def peer(url: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, k: int = 256
     }
 
 
-def ours_deletes(url: str, X: np.ndarray, prefix: str) -> float:
+def ours_one_at_a_time(url: str, X: np.ndarray, prefix: str) -> tuple[float, float]:
+    """(inserts/s, deletes/s) of single-vector calls, hashing included: datasketch's
+    one-at-a-time rows, where our hashing is not done beforehand as theirs is."""
     with Index.open(url, IndexConfig(dim=784), prefix=prefix) as ix:
-        ix.upsert([f"d{i}" for i in range(X.shape[0])], X)
+        ix.upsert(["warm"], X[:1])  # compile and load the scripts outside the timing
+        ix.delete(["warm"])
+        t = time.perf_counter()
+        for i in range(X.shape[0]):
+            ix.upsert([f"d{i}"], X[i : i + 1])
+        inserts = X.shape[0] / (time.perf_counter() - t)
         t = time.perf_counter()
         for i in range(X.shape[0]):
             ix.delete([f"d{i}"])
-        return X.shape[0] / (time.perf_counter() - t)
+        return inserts, X.shape[0] / (time.perf_counter() - t)
 
 
 def main(argv=None) -> None:
@@ -162,7 +169,7 @@ def main(argv=None) -> None:
             redis.Redis.from_url(url).flushall()
             p = peer(url, Xp, Q[:200], tp[:200])
             redis.Redis.from_url(url).flushall()
-            ours_del = ours_deletes(url, Xp[:500], "dels")
+            ours_ins, ours_del = ours_one_at_a_time(url, Xp[:500], "ones")
             lines += [
                 "",
                 f"Peer: datasketch MinHashLSH (Redis storage, threshold 0.5, WeightedMinHash k=256) on "
@@ -170,7 +177,8 @@ def main(argv=None) -> None:
                 "",
                 "| | datasketch | gmmlsh (Redis) | ratio |",
                 "|---|---|---|---|",
-                f"| inserts/s (one at a time) | {p['insert']:,.0f} | — | |",
+                f"| inserts/s (one at a time) | {p['insert']:,.0f} | {ours_ins:,.0f} | "
+                f"{ours_ins / p['insert']:.0f}× |",
                 f"| inserts/s (datasketch insertion session vs our batches of 1,000) | {p['session']:,.0f} | "
                 f"{rd['insert']:,.0f} | {rd['insert'] / p['session']:.0f}× |",
                 f"| hashing vectors/s | {p['hash']:,.0f} | | |",

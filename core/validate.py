@@ -59,6 +59,34 @@ def check_dense(values, dim: int | None = None, field: str = "values") -> np.nda
     return v
 
 
+@njit(nogil=True, cache=True)
+def _round_to_float32(v, out):
+    """``out[:] = float32(v)``; True when every value stays finite and one stays nonzero."""
+    nonzero = False
+    for i in range(v.shape[0]):
+        y = np.float32(v[i])
+        if not np.isfinite(y):
+            return False
+        out[i] = y
+        nonzero |= y != 0
+    return nonzero
+
+
+def dense_float32_or_none(values, dim: int) -> np.ndarray | None:
+    """A valid dense query as float32 (its stored precision) in one compiled pass, or None.
+
+    The fast path for the common query (a 1-D float32/float64 array of the right
+    length): :func:`check_dense` and the batch checks cost ~25 µs of small numpy
+    calls, a fifth of a default query's Python time. None means "not clearly
+    valid": the caller runs the full checks, which name the problem.
+    """
+    if not (isinstance(values, np.ndarray) and values.ndim == 1 and values.shape[0] == dim
+            and values.dtype in (np.float32, np.float64) and dim > 0):
+        return None
+    out = np.empty(dim, dtype=np.float32)
+    return out if _round_to_float32(values, out) else None
+
+
 def check_sparse(indices, values, dim: int | None, field: str = "indices") -> tuple[np.ndarray, np.ndarray]:
     """Validate one sparse vector; returns (int64 indices, float64 values)."""
     try:

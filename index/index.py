@@ -33,7 +33,15 @@ from core import gcws, nrff
 from core.agreement import SAMPLES_PER_WORD, agreement2, first_words, pack2, top_by_agreement
 from core.gmm import l1_norms, score_rows
 from core.query_kernel import best_by_score, rank_dense_query
-from core.validate import NonFiniteError, VectorError, ZeroVectorError, check_batch, check_dense, check_sparse
+from core.validate import (
+    NonFiniteError,
+    VectorError,
+    ZeroVectorError,
+    check_batch,
+    check_dense,
+    check_sparse,
+    dense_float32_or_none,
+)
 from index import codec
 from index.banding import Banding
 from index.config import IndexConfig
@@ -460,6 +468,10 @@ class Index:
     def _query_vector(self, vector):
         """An ad-hoc query, validated and rounded to stored precision (1-D or 1-row CSR)."""
         dim = self.config.dim
+        if self.config.storage == "dense":
+            fast = dense_float32_or_none(vector, dim)
+            if fast is not None:
+                return fast
         if isinstance(vector, tuple) and len(vector) == 2:
             idx, val = check_sparse(vector[0], vector[1], dim, field="vector")
             vector = sp.csr_matrix((val, idx, [0, idx.size]), shape=(1, dim))

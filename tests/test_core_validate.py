@@ -270,3 +270,30 @@ def test_features_refuses_bad_input() -> None:
     for gamma in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="gamma"):
             features(X, 8, gamma)
+
+
+def test_dense_float32_fast_path_matches_the_full_checks():
+    """The compiled query check returns exactly what check_dense + float32 rounding give,
+    and declines (None) everything the full checks would refuse or must convert."""
+    from core.validate import dense_float32_or_none
+
+    rng = np.random.default_rng(5)
+    for dtype in (np.float64, np.float32):
+        v = (rng.standard_normal(50) * 10.0 ** rng.integers(-30, 30, 50)).astype(dtype)
+        v[::7] = 0.0
+        got = dense_float32_or_none(v, 50)
+        assert got is not None and got.dtype == np.float32
+        assert np.array_equal(got, check_dense(v, 50).astype(np.float32))
+    declined = {
+        "nan": np.array([1.0, np.nan]),
+        "inf": np.array([1.0, -np.inf]),
+        "overflows float32": np.array([1.0, 1e39]),
+        "all zero": np.zeros(2),
+        "underflows to zero": np.array([1e-50, -1e-60]),
+        "wrong length": np.ones(3),
+        "integers": np.array([1, 2]),
+        "2-D": np.ones((1, 2)),
+        "a list": [1.0, 2.0],
+    }
+    for what, v in declined.items():
+        assert dense_float32_or_none(v, 2) is None, what

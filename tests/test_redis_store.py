@@ -34,6 +34,7 @@ from store_contract import (
     make_batch,
 )
 
+from index import redis_store
 from index.redis_store import RedisStore, mask_url
 from index.store import FIELDS, RecordBatch, StoreError, StoreUnavailable
 
@@ -76,6 +77,20 @@ class TestRedisSmallChunksContract(StoreContract):
     @pytest.fixture
     def store_factory(self, redis_url):  # noqa: F811
         made, make = _factory(redis_url, "t", shards=3, bucket_groups=5, write_chunk=7)
+        yield make
+        for s in made:
+            s.close()
+
+
+class TestRedisTinyCallsContract(StoreContract):
+    """Bucket script calls of a few buckets, groups cut into segments of two: the framing
+    of calls that span several groups, and of groups that span several calls."""
+
+    @pytest.fixture
+    def store_factory(self, redis_url, monkeypatch):  # noqa: F811
+        monkeypatch.setattr(redis_store, "_CALL_BUCKETS", 3)
+        monkeypatch.setattr(redis_store, "_GROUP_CALL_KEYS", 2)
+        made, make = _factory(redis_url, "y", bucket_groups=7)
         yield make
         for s in made:
             s.close()
@@ -510,6 +525,35 @@ def test_closed_store_raises(redis_url):  # noqa: F811
     store.close()
     with pytest.raises(StoreUnavailable, match="closed"):
         store.count()
+
+
+def test_replayed_bucket_calls_add_and_remove_nothing_twice(redis_url, redis_prefix, rng,  # noqa: F811
+                                                              monkeypatch):
+    """redis-py may resend a pipeline after a dropped connection: every bucket script
+    (several groups per call here) runs twice, and no bucket holds an iid twice."""
+    monkeypatch.setattr(redis_store, "_CALL_BUCKETS", 5)
+    store = RedisStore(redis_url, prefix=redis_prefix, shards=3, bucket_groups=9)
+    real = store._pipeline
+    bucket_shas = {store._shas["badd"], store._shas["brem"]}
+    replayed = []
+
+    def twice(cmds):
+        if cmds and cmds[0][0] == "EVALSHA" and cmds[0][1] in bucket_shas:
+            replayed.append(len(cmds))
+            real(cmds)
+        return real(cmds)
+
+    monkeypatch.setattr(store, "_pipeline", twice)
+    model = Model()
+    batch, recs = make_batch([f"r{i}" for i in range(50)], rng, tag="v1")
+    model.upsert(store, batch, recs)
+    batch2, recs2 = make_batch([f"r{i}" for i in range(25, 75)], rng, tag="v2")
+    model.upsert(store, batch2, recs2)  # replaces 25: their old entries are removed
+    assert model.delete(store, ["r0", "r30", "nope"]) == 2
+    assert len(replayed) >= 3 and max(replayed) < 50 * N_BANDS / 5  # calls span groups
+    assert_matches(store, model)
+    assert_consistent(store)
+    store.close()
 
 
 def test_bad_batch_writes_nothing(redis_url, redis_prefix, rng):  # noqa: F811
