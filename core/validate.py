@@ -81,7 +81,7 @@ def dense_float32_or_none(values, dim: int) -> np.ndarray | None:
     valid": the caller runs the full checks, which name the problem.
     """
     if not (isinstance(values, np.ndarray) and values.ndim == 1 and values.shape[0] == dim
-            and values.dtype in (np.float32, np.float64) and dim > 0):
+            and values.dtype in (np.float32, np.float64)):
         return None
     out = np.empty(dim, dtype=np.float32)
     return out if _round_to_float32(values, out) else None

@@ -1080,23 +1080,20 @@ class RedisStore:
         return out
 
     def _get_blobs(self, iids: np.ndarray, fam: str) -> list[bytes | None]:
-        """Blobs of family ``fam`` for these iids, grouped into one HMGET per chunk key."""
-        return self._get_blob_families(iids, (fam,))[0]
+        """Blobs of family ``fam`` for these iids: one HMGET per chunk key, one round trip."""
+        (out,), reads, fill = self._blob_reads(iids, (fam,))
+        fill(self._pipeline([("HMGET", key, *fields) for key, fields in reads]))
+        return out
 
-    def _get_blob_families(self, iids: np.ndarray, fams: Sequence[str]) -> list[list[bytes | None]]:
-        """:meth:`_get_blobs` for several families in one pipelined round trip."""
-        outs, cmds, fill = self._blob_family_reads(iids, fams)
-        fill(self._pipeline(cmds))
-        return outs
-
-    def _blob_family_reads(self, iids: np.ndarray, fams: Sequence[str]):
-        """(outputs, commands, fill): one HMGET per chunk key; ``fill(replies)`` puts the
-        replies of ``commands`` into the outputs (lists of None until then)."""
+    def _blob_reads(self, iids: np.ndarray, fams: Sequence[str]):
+        """(outputs, reads, fill): ``reads`` lists (chunk key, fields), one per chunk key
+        holding any of these iids' blobs in ``fams``; ``fill(values)`` takes each read's
+        values, in order, into the outputs (one list per family, None until then)."""
         a = np.asarray(iids).ravel().astype(np.int64, copy=False)
         outs: list[list[bytes | None]] = [[None] * a.size for _ in fams]
         lay = self._get_layout(create=False) if a.size else None
         valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT)) if lay is not None else np.empty(0, np.int64)
-        cmds, plan = [], []
+        reads, plan = [], []
         if valid.size:
             for out, fam in zip(outs, fams, strict=True):
                 s, c, f = self._locs(a[valid], fam, lay)
@@ -1108,15 +1105,15 @@ class RedisStore:
                 pos = valid[order].tolist()
                 for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
                     k = int(kid_sorted[lo])
-                    cmds.append(("HMGET", f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", *f_sorted[lo:hi]))
+                    reads.append((f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", f_sorted[lo:hi]))
                     plan.append((out, pos, lo))
 
-        def fill(replies: list) -> None:
-            for (out, pos, lo), vals in zip(plan, replies, strict=True):
+        def fill(values: list) -> None:
+            for (out, pos, lo), vals in zip(plan, values, strict=True):
                 for j, v in enumerate(vals):
                     out[pos[lo + j]] = v
 
-        return outs, cmds, fill
+        return outs, reads, fill
 
     def _answer_reads(self, iids: np.ndarray, fams: Sequence[str], counters: Sequence[bytes]
                       ) -> tuple[list[list[bytes | None]], int]:
@@ -1125,21 +1122,22 @@ class RedisStore:
         On a single server, one script call; on a Cluster (keys in many slots), one
         pipeline of HMGETs and GETs.
         """
-        outs, cmds, fill = self._blob_family_reads(iids, fams)
+        outs, reads, fill = self._blob_reads(iids, fams)
         if self._is_cluster:
-            replies = self._pipeline(cmds + [("GET", k) for k in counters])
-            fill(replies[: len(cmds)])
-            return outs, sum(int(v or 0) for v in replies[len(cmds):])
-        args: list[Any] = [len(cmds), *[len(c) - 2 for c in cmds]]
-        for c in cmds:
-            args += c[2:]
-        flat, total = self._pipeline([self._eval("reads", [c[1] for c in cmds] + list(counters),
+            replies = self._pipeline([("HMGET", key, *fields) for key, fields in reads]
+                                     + [("GET", k) for k in counters])
+            fill(replies[: len(reads)])
+            return outs, sum(int(v or 0) for v in replies[len(reads):])
+        args: list[Any] = [len(reads), *[len(fields) for _, fields in reads]]
+        for _, fields in reads:
+            args += fields
+        flat, total = self._pipeline([self._eval("reads", [key for key, _ in reads] + list(counters),
                                                  args)])[0]
-        replies, o = [], 0
-        for c in cmds:
-            replies.append(flat[o: o + len(c) - 2])
-            o += len(c) - 2
-        fill(replies)
+        values, o = [], 0
+        for _, fields in reads:
+            values.append(flat[o: o + len(fields)])
+            o += len(fields)
+        fill(values)
         return outs, int(total)
 
     @_unavailable
