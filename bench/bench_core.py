@@ -140,6 +140,10 @@ def bench_gcws(train: np.ndarray, s: Sizes, rep: Report) -> dict[int, float]:
     t = time.perf_counter()
     gcws.constant_table(2 * X.shape[1], K, SEED)
     rep.once.append((f"GCWS constant table, 2D = {2 * X.shape[1]}, k = {K}", f"{time.perf_counter() - t:.3f}"))
+    gcws.walk_table.cache_clear()
+    t = time.perf_counter()
+    gcws.walk_table(2 * X.shape[1], K, SEED)
+    rep.once.append((f"GCWS sorted-walk lists, 2D = {2 * X.shape[1]}, k = {K}", f"{time.perf_counter() - t:.3f}"))
     rates: dict[int, float] = {}
     for th in thread_counts():
         sec = with_threads(th, lambda: best_time(lambda: sketch(X, K, seed=SEED, path="table"), s.repeat))

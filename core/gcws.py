@@ -10,12 +10,14 @@ generator in :mod:`core.rng`, and
 Two vectors share ``(i*, t*)`` with probability GMM(u, v) (Theorem 1) and share
 ``i*`` with probability ≈ GMM (the 0-bit scheme).
 
-Speed comes from three things: the constants of a coordinate are computed once
+Speed comes from four things: the constants of a coordinate are computed once
 per call (or once per process, in a table) instead of once per vector; the table
 is coordinate-major and float32, so one nonzero reads its constants for all k
 samples as one contiguous run (16 bytes a sample: 12 MB for 784 dimensions and
-k = 480, which stays in cache between queries); and rows are spread over
-threads with ``prange``. The constants are computed in float64 and rounded to
+k = 480, which stays in cache between queries); one step updates 32 samples'
+minima with explicit vector code (:mod:`core.lane_step`: numba's own loop
+re-checked array overlaps on every step); and rows are spread over threads
+with ``prange``. The constants are computed in float64 and rounded to
 float32 once, when they are made; the sampling arithmetic is float64 on every
 path (DESIGN §1), so the table and the table-free path are bit-identical. Dense rows
 with many nonzeros, when only i* is wanted, take the sorted walk of
@@ -32,7 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, walk_vector
+from core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
+from core.lane_step import broadcast_step
 from core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
 from core.rng import coord_key, hash_code, uniform
 from core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
@@ -48,11 +51,12 @@ _GROUP = 16
 _BYTES_PER_CONSTANT = 16
 #: Largest constant table kept per process (bytes); beyond it the table-free path runs.
 TABLE_BUDGET_BYTES = 64 << 20
-#: A dense row takes the sorted walk when nonzeros² ≥ this · 2D: the walk's length
-#: grows as the row gets sparser (its lists hold the zeros too), the reference
-#: kernel's with the nonzeros (measured on Fashion-MNIST, where the two meet near
-#: 350 of 1,568 coordinates).
-_WALK_MIN = 80
+#: A dense row takes the sorted walk when nonzeros² ≥ this · (coordinates in the
+#: lists it walks: D per sign present): the walk's length grows as the row gets
+#: sparser (its lists hold the zeros too), the reference kernel's with the
+#: nonzeros. Measured on Fashion-MNIST (k = 256, one sign, D = 784): the two meet
+#: between 200 and 250 nonzeros.
+_WALK_MIN = 48
 
 
 def _fill_constants_impl(coords, k, seed):
@@ -85,53 +89,32 @@ def _fill_constants_impl(coords, k, seed):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _block_step(lx, p, invr, beta, base, rate, best_in, arg_in, best_out, arg_out):
-    """One nonzero against one block of samples: contiguous 1-D arrays, so it vectorizes.
-
-    The float32 constants are widened: the arithmetic is float64. Reads the
-    running minimum from one buffer and writes it to another: an in-place update
-    is turned into masked stores by LLVM, which stall the store-to-load
-    forwarding the next nonzero depends on.
-    """
-    for jj in range(_JB):
-        la = np.float64(base[jj]) - np.float64(rate[jj]) * np.floor(lx * np.float64(invr[jj]) + np.float64(beta[jj]))
-        b = best_in[jj]
-        a = arg_in[jj]
-        best_out[jj] = min(la, b)
-        arg_out[jj] = p if la < b else a
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _sample_vector(v, p0, p1, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t):
+def _sample_vector(v, p0, p1, rows, coords, logs, table, k, state, out_i, out_t, want_t):
     """Samples of one vector, whose nonzeros are ``p0 ≤ p < p1``, into row ``v`` of the outputs.
 
     ``rows[p]`` is the table row of nonzero ``p``; ``coords[p]`` its 2D coordinate
     (reported as i*). Ties keep the first (smallest) coordinate. Coordinate-major:
-    each nonzero updates up to ``best.shape[1]`` blocks of samples from one
+    each nonzero updates up to ``state.shape[0]`` blocks of samples from one
     contiguous run of the table, which the hardware prefetches well, while the
-    running minima stay in L1. (Walking one block for a chunk of vectors instead
-    keeps less in cache but measured 15–20 % slower on one core.)
+    running minima stay in L1 (``state[g]``: see :mod:`core.lane_step`). (Walking
+    one block for a chunk of vectors instead keeps less in cache but measured
+    15–20 % slower on one core.)
     """
     nblk = table.shape[1]
-    group = best.shape[1]
+    group = state.shape[0]
     for g0 in range(0, nblk, group):
         g1 = min(nblk, g0 + group)
-        best[0] = np.inf
-        arg[0] = 0
-        cur = 0
+        state[:, 0, :] = np.inf
+        state[:, 1, :] = 0.0
         for q in range(p1 - p0):  # q: the nonzero's position within the vector
             p = p0 + q
             c = table[rows[p]]
             lx = logs[p]
             for blk in range(g0, g1):
-                cb = c[blk]
-                g = blk - g0
-                _block_step(lx, q, cb[0], cb[1], cb[2], cb[3], best[cur, g], arg[cur, g], best[1 - cur, g],
-                            arg[1 - cur, g])
-            cur = 1 - cur
+                broadcast_step(lx, c[blk], state[blk - g0], np.float64(q))
         for blk in range(g0, g1):
             for jj in range(min(_JB, k - blk * _JB)):
-                p = p0 + arg[cur, blk - g0, jj]
+                p = p0 + np.int64(state[blk - g0, 1, jj])
                 out_i[v, blk * _JB + jj] = coords[p]
                 if want_t:
                     cb = table[rows[p], blk]
@@ -140,17 +123,17 @@ def _sample_vector(v, p0, p1, rows, coords, logs, table, k, best, arg, out_i, ou
 
 
 def _minima(nblk):
-    g = min(nblk, _GROUP)
-    return np.empty((2, g, _JB)), np.empty((2, g, _JB), dtype=np.int64)
+    """Running minima and their positions for up to :data:`_GROUP` blocks."""
+    return np.empty((min(nblk, _GROUP), 2, _JB))
 
 
 def _sample_split_impl(indptr, rows, coords, logs, table, k, out_i, out_t, want_t):
     """GCWS of already sign-split rows (CSR over the 2D space), chunks of rows in parallel."""
     n = indptr.shape[0] - 1
     for ch in prange((n + _CHUNK - 1) // _CHUNK):
-        best, arg = _minima(table.shape[1])
+        state = _minima(table.shape[1])
         for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
-            _sample_vector(v, indptr[v], indptr[v + 1], rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
+            _sample_vector(v, indptr[v], indptr[v + 1], rows, coords, logs, table, k, state, out_i, out_t, want_t)
 
 
 def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
@@ -165,18 +148,15 @@ def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t
     n, d = X.shape
     walk = walk_e.shape[0] > 0 and not want_t
     for ch in prange((n + _CHUNK - 1) // _CHUNK):
-        best, arg = _minima(table.shape[1])
+        state = _minima(table.shape[1])
         coords = np.empty(d, dtype=np.int64)
         rows = np.empty(d, dtype=np.int64)
         logs = np.empty(d, dtype=np.float64)
         lx2 = np.full(2 * d if walk else 0, np.nan)
-        g = np.empty(_JB)
-        wbest = np.empty((2, _JB))
-        warg = np.empty((2, _JB), dtype=np.int32)
-        wtie = np.empty(_JB, dtype=np.bool_)
+        wstate = np.empty((3, _JB))
+        U = np.empty(2)
         for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
             p = 0
-            top = 0.0
             for i in range(d):
                 # Widen first: numba's log of a float32 is a float32, and sketches must not
                 # depend on the input's dtype.
@@ -186,17 +166,20 @@ def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t
                     coords[p] = c
                     rows[p] = rowmap[c]
                     logs[p] = math.log(abs(x))
-                    top = max(top, logs[p])
                     p += 1
-            if walk and p * p >= _WALK_MIN * 2 * d:
+            walk_row = False
+            if walk:  # the walk's length grows with the lists it walks, the reference's with p
+                sign_bounds(coords, logs, p, U)
+                walk_row = p * p >= _WALK_MIN * d * ((not np.isnan(U[0])) + (not np.isnan(U[1])))
+            if walk_row:
                 for q in range(p):
                     lx2[coords[q]] = logs[q]
-                done = walk_vector(lx2, top * (1.0 + 1e-6), walk_e, walk_c, k, out_i[v], g, wbest, warg, wtie)
+                done = walk_vector(lx2, U, walk_e, walk_c, k, out_i[v], wstate)
                 for q in range(p):
                     lx2[coords[q]] = np.nan
                 if done:
                     continue
-            _sample_vector(v, 0, p, rows, coords, logs, table, k, best, arg, out_i, out_t, want_t)
+            _sample_vector(v, 0, p, rows, coords, logs, table, k, state, out_i, out_t, want_t)
 
 
 @njit(nogil=True, cache=True)

@@ -7,14 +7,17 @@ table's constants (``t = ⌊lx·(1/r) + β⌋``, ``ln a = base − r·t``) and
 
     ln a ≥ B − m·lx,   B = base − r·β,   m = r·(1/r) ∈ 1 ± 2⁻²³,
 
-so with ``U ≥ max(0, max lx)·(1 + 10⁻⁶)`` no coordinate whose ``B`` exceeds
-``best + U`` (plus a rounding margin) can reach the running minimum ``best``.
-Each sample's coordinates are listed once per process by ascending ``B``; a row is
-sampled by walking the lists of a block of 32 samples in lockstep (one vector
-step per list position, the row's ``lx`` gathered per lane) until every lane
-has passed its bound. Zero coordinates stay in the lists with ``lx = NaN``,
-which no comparison takes. On Fashion-MNIST (k = 256) that is ~140 steps per
-block instead of ~390 nonzeros, ~1.3× the speed of the nonzero-major kernel.
+so with ``U ≥ m·lx`` for every ``lx`` of the row, no coordinate whose ``B``
+exceeds ``best + U`` (plus a rounding margin) can reach the running minimum
+``best``. Each sample's coordinates are listed once per process by ascending
+``B``, in two lists: the positive halves (even 2D coordinates) and the negative
+halves (odd ones) of the sign split. A row walks the list of each sign it has,
+with that sign's own ``U`` (the largest ``lx`` among its nonzeros of that sign),
+and skips the other. Non-negative data — images, counts, tf-idf — thus never
+steps over the negative halves, which are all zero. A block of 32 samples walks
+its lists in lockstep (one vector step per list position, the row's ``lx``
+gathered per lane) until every lane has passed its bound. Zero coordinates stay
+in the lists with ``lx = NaN``, which no comparison takes.
 
 The answer is bit-identical to that kernel: the same float32 constants and the
 same float64 arithmetic. The one difference would be ties — two coordinates
@@ -28,36 +31,40 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: Samples per block, as in the constant table.
-LANES = 32
+from core.lane_step import LANES, gather_step
+
 #: Bytes of walk table per (coordinate, sample): B and four constants (float32) and the coordinate (uint32).
 BYTES_PER_ENTRY = 24
-#: Steps between checks of the stopping bound, and the first step checked (no walk is shorter).
+#: Steps between checks of the stopping bound, and the first step checked after a list's start.
 _CHECK = 8
-_FIRST_CHECK = 24
+_FIRST_CHECK = 16
 #: Rounding slack of the bound, relative (the float64 errors it covers are below 1e-12).
 _SLACK = 1e-9
+#: Relative margin of ``U`` over the largest ``lx``: covers ``m ∈ 1 ± 2⁻²³``.
+_U_MARGIN = 1e-6
 
 
 def build_walk_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(E, C) for a coordinate-major constant table of every 2D coordinate (see :mod:`core.gcws`).
 
     ``E[blk, m, :, lane]`` = (B rounded down to float32, 1/r, β, base, r) of the
-    ``m``-th coordinate of that sample's list, ``C[blk, m, lane]`` the coordinate.
-    Rounding B down keeps the bound safe: a float32 B above ``best + U`` means the
-    float64 one is too.
+    ``m``-th coordinate of that sample's lists, ``C[blk, m, lane]`` the coordinate.
+    Positions ``[0, D)`` list the even (positive-half) coordinates, ``[D, 2D)`` the
+    odd ones, each by ascending ``B``. Rounding B down keeps the bound safe: a
+    float32 B above ``best + U`` means the float64 one is too.
     """
-    if table.ndim != 4 or table.shape[2:] != (4, LANES):
-        raise ValueError(f"table: expected shape (coords, blocks, 4, {LANES}), got {table.shape}")
+    if table.ndim != 4 or table.shape[2:] != (4, LANES) or table.shape[0] % 2:
+        raise ValueError(f"table: expected shape (even coords, blocks, 4, {LANES}), got {table.shape}")
     t64 = table.astype(np.float64)
     bound = t64[:, :, 2, :] - t64[:, :, 3, :] * t64[:, :, 1, :]  # (coords, nblk, lanes)
-    order = np.argsort(bound, axis=0, kind="stable")
+    half = table.shape[0] // 2
+    order = np.concatenate([2 * np.argsort(bound[s::2], axis=0, kind="stable") + s for s in (0, 1)])
     b64 = np.take_along_axis(bound, order, 0)
     b32 = b64.astype(np.float32)
     up = b32.astype(np.float64) > b64
     b32[up] = np.nextafter(b32[up], np.float32(-np.inf))
     nblk = table.shape[1]
-    E = np.empty((nblk, table.shape[0], 5, LANES), dtype=np.float32)
+    E = np.empty((nblk, 2 * half, 5, LANES), dtype=np.float32)
     E[:, :, 0, :] = b32.transpose(1, 0, 2)
     for s in range(4):
         E[:, :, 1 + s, :] = np.take_along_axis(table[:, :, s, :], order, 0).transpose(1, 0, 2)
@@ -65,58 +72,61 @@ def build_walk_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return E, C
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _gather(LX, cc, g):
-    for jj in range(LANES):
-        g[jj] = LX[cc[jj]]
+@njit(nogil=True, cache=True)
+def sign_bounds(coords, logs, p, U) -> None:
+    """``U[s]`` for the walk of sign ``s`` (0: positive halves, 1: negative) of a row
+    whose nonzeros are ``coords[:p]``/``logs[:p]``: the largest ``lx`` of that sign
+    widened by :data:`_U_MARGIN`, or NaN when the row has no nonzero of that sign."""
+    U[:] = -np.inf
+    for q in range(p):
+        s = coords[q] & 1
+        U[s] = max(U[s], logs[q])
+    for s in range(2):
+        U[s] = np.nan if U[s] == -np.inf else U[s] + _U_MARGIN * abs(U[s])
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _walk_step(g, m, invr, beta, base, rate, best_in, arg_in, best_out, arg_out, tie):
-    """One list position for 32 lanes: contiguous arrays, so it vectorizes (see core.gcws._block_step)."""
+def _all_passed(nb, bb, U) -> bool:
+    """Whether every lane's next bound ``nb`` exceeds its ``best + U``."""
+    live = 0
     for jj in range(LANES):
-        la = np.float64(base[jj]) - np.float64(rate[jj]) * np.floor(g[jj] * np.float64(invr[jj]) + np.float64(beta[jj]))
-        b = best_in[jj]
-        take = la < b
-        best_out[jj] = la if take else b
-        arg_out[jj] = m if take else arg_in[jj]
-        tie[jj] |= la == b
+        thr = bb[jj] + U + _SLACK * (1.0 + abs(bb[jj]) + abs(U))
+        live += np.int64(np.float64(nb[jj]) <= thr)
+    return live == 0
 
 
 @njit(nogil=True, cache=True)
-def walk_vector(LX, U, E, C, k, out_row, g, best, arg, tie) -> bool:
+def walk_vector(LX, U, E, C, k, out_row, state) -> bool:
     """i* of one row into ``out_row`` (k values); False if a tie was met (``out_row`` is then void).
 
     ``LX``: ln|value| at each 2D coordinate of the row, NaN where it is zero;
-    ``U``: ``max(0, max LX)·(1 + 1e-6)``. ``g``/``best``/``arg``/``tie``: scratch of
-    shapes (32,), (2, 32), (2, 32) int32 and (32,) bool.
+    ``U``: the two signs' bounds (:func:`sign_bounds`); ``state``: (3, 32) float64
+    scratch (see :mod:`core.lane_step`).
     """
     nblk, M = E.shape[0], E.shape[1]
+    half = M // 2
     for blk in range(nblk):
-        best[0, :] = np.inf
-        arg[0, :] = 0
-        tie[:] = False
-        cur = 0
-        m = 0
-        while m < M:
-            e = E[blk, m]
-            _gather(LX, C[blk, m], g)
-            _walk_step(g, np.int32(m), e[1], e[2], e[3], e[4], best[cur], arg[cur], best[1 - cur], arg[1 - cur],
-                       tie)
-            cur = 1 - cur
-            m += 1
-            if m >= _FIRST_CHECK and m % _CHECK == 0 and m < M:
-                nb = E[blk, m, 0]
-                bb = best[cur]
-                live = 0
-                for jj in range(LANES):
-                    thr = bb[jj] + U + _SLACK * (1.0 + abs(bb[jj]) + U)
-                    live += np.int64(np.float64(nb[jj]) <= thr)
-                if live == 0:
-                    break
+        state[0, :] = np.inf
+        state[1:, :] = 0.0
+        for s in range(2):
+            u = U[s]
+            if np.isnan(u):
+                continue
+            m0 = s * half
+            m1 = m0 + half
+            # A later list may already be beaten at its first entry.
+            if s > 0 and _all_passed(E[blk, m0, 0], state[0], u):
+                continue
+            m = m0
+            while m < m1:
+                gather_step(LX, C[blk, m], E[blk, m], state, np.float64(m))
+                m += 1
+                if m - m0 >= _FIRST_CHECK and (m - m0) % _CHECK == 0 and m < m1:
+                    if _all_passed(E[blk, m, 0], state[0], u):
+                        break
         for jj in range(LANES):
-            if tie[jj]:
+            if state[2, jj] != 0.0:
                 return False
         for jj in range(min(LANES, k - blk * LANES)):
-            out_row[blk * LANES + jj] = np.int32(C[blk, arg[cur, jj], jj])
+            out_row[blk * LANES + jj] = np.int32(C[blk, np.int64(state[1, jj]), jj])
     return True

@@ -15,21 +15,23 @@ import pytest
 
 from core import gcws
 from core.gcws import NO_WALK, _sample_dense_serial, constant_table, sketch, walk_table
-from core.gcws_walk import LANES, build_walk_table, walk_vector
+from core.gcws_walk import LANES, build_walk_table, sign_bounds, walk_vector
 
 
 def _walk_one(row: np.ndarray, table: np.ndarray, k: int) -> tuple[bool, np.ndarray]:
     """walk_vector on one dense row, as the sampling kernel calls it."""
     E, C = build_walk_table(table)
     lx = np.full(2 * row.shape[0], np.nan)
-    top = 0.0
+    coords, logs = [], []
     for i, x in enumerate(row.astype(np.float64)):
         if x != 0.0:
-            lx[2 * i + (x < 0)] = math.log(abs(x))
-            top = max(top, lx[2 * i + (x < 0)])
+            coords.append(2 * i + (x < 0))
+            logs.append(math.log(abs(x)))
+            lx[coords[-1]] = logs[-1]
+    U = np.empty(2)
+    sign_bounds(np.array(coords, dtype=np.int64), np.array(logs), len(coords), U)
     out = np.full(k, -1, dtype=np.int32)
-    ok = walk_vector(lx, top * (1.0 + 1e-6), E, C, k, out, np.empty(LANES), np.empty((2, LANES)),
-                     np.empty((2, LANES), dtype=np.int32), np.empty(LANES, dtype=np.bool_))
+    ok = walk_vector(lx, U, E, C, k, out, np.empty((3, LANES)))
     return ok, out
 
 
@@ -70,11 +72,39 @@ def test_walk_lists_are_sorted_and_bounds_rounded_down() -> None:
     E, C = build_walk_table(table)
     t64 = table.astype(np.float64)
     bound = t64[:, :, 2, :] - t64[:, :, 3, :] * t64[:, :, 1, :]
-    assert (np.diff(E[:, :, 0, :], axis=1) >= 0).all()
+    for s in (0, 1):  # the positive halves, then the negative halves, each sorted by B
+        part = slice(32 * s, 32 * s + 32)
+        assert (np.diff(E[:, part, 0, :], axis=1) >= 0).all()
+        assert (C[:, part, :] % 2 == s).all()
     exact = bound[C, np.arange(E.shape[0])[:, None, None], np.arange(LANES)]
     assert (E[:, :, 0, :].astype(np.float64) <= exact).all()
     for blk in range(E.shape[0]):  # every list holds every coordinate once
         assert (np.sort(C[blk], axis=0) == np.arange(64)[:, None]).all()
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_walk_equals_reference_on_one_signed_and_mixed_rows(scale: float) -> None:
+    """Rows with only negative values (the positive list is skipped), a single
+    negative among positives, and all values below 1 (``U`` < 0: the tightest bound)."""
+    rng = np.random.default_rng(5)
+    d, k = 300, 96
+    pos = rng.exponential(1.0, (6, d)) * scale
+    rows = [pos[0], -pos[1], pos[2].copy(), pos[3] * np.where(rng.random(d) < 0.5, 1, -1)]
+    rows[2][17] = -rows[2][17]
+    table = constant_table(2 * d, k, 9)
+    want = _reference(np.array(rows), table, k)
+    for r, row in enumerate(rows):
+        ok, got = _walk_one(row, table, k)
+        assert ok
+        np.testing.assert_array_equal(got, want[r])
+
+
+def test_sign_bounds_cover_each_signs_largest_log() -> None:
+    U = np.empty(2)
+    sign_bounds(np.array([0, 3, 4, 7]), np.array([-2.0, 1.5, -1.0, 0.5]), 4, U)
+    assert -1.0 < U[0] < -1.0 + 1e-5 and 1.5 < U[1] < 1.5 + 1e-5
+    sign_bounds(np.array([2, 6]), np.array([3.0, -4.0]), 2, U)
+    assert 3.0 < U[0] < 3.0 + 1e-5 and np.isnan(U[1])
 
 
 def test_a_tie_falls_back_to_the_reference() -> None:
