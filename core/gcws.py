@@ -168,7 +168,7 @@ def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t
                     logs[p] = math.log(abs(x))
                     p += 1
             walk_row = False
-            if walk:  # the walk's length grows with the lists it walks, the reference's with p
+            if walk and p > 0:  # the walk's length grows with the lists it walks, the reference's with p
                 sign_bounds(coords, logs, p, U)
                 walk_row = p * p >= _WALK_MIN * d * ((not np.isnan(U[0])) + (not np.isnan(U[1])))
             if walk_row:
