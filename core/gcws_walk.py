@@ -57,14 +57,13 @@ def build_walk_table(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"table: expected shape (even coords, blocks, 4, {LANES}), got {table.shape}")
     t64 = table.astype(np.float64)
     bound = t64[:, :, 2, :] - t64[:, :, 3, :] * t64[:, :, 1, :]  # (coords, nblk, lanes)
-    half = table.shape[0] // 2
     order = np.concatenate([2 * np.argsort(bound[s::2], axis=0, kind="stable") + s for s in (0, 1)])
     b64 = np.take_along_axis(bound, order, 0)
     b32 = b64.astype(np.float32)
     up = b32.astype(np.float64) > b64
     b32[up] = np.nextafter(b32[up], np.float32(-np.inf))
     nblk = table.shape[1]
-    E = np.empty((nblk, 2 * half, 5, LANES), dtype=np.float32)
+    E = np.empty((nblk, table.shape[0], 5, LANES), dtype=np.float32)
     E[:, :, 0, :] = b32.transpose(1, 0, 2)
     for s in range(4):
         E[:, :, 1 + s, :] = np.take_along_axis(table[:, :, s, :], order, 0).transpose(1, 0, 2)

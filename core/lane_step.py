@@ -10,12 +10,14 @@ multiply-add: bit for bit what the plain numba loop computes). Why not that
 loop: numba cannot tell LLVM that its arrays do not overlap, so the vectorized
 loop re-checks the overlap of every pair of arrays on every step (~130
 instructions for a step of ~60), and it turns the selects into masked stores
-that stall the next step's loads. Here the state lives in one ``(3, 32)``
-float64 array — running minimum, the step's position at that minimum, and a
-tie flag — read and written whole with plain vector loads and stores.
+that stall the next step's loads. Here the state lives in one float64 array —
+row 0 the running minimum, row 1 the step's position at that minimum, row 2
+(walk only) a tie flag — read and written whole with plain vector loads and
+stores.
 
-The callers guarantee the shapes (32 lanes, ``(≥5, 32)`` or ``(4, 32)``
-constants): the intrinsics check types, not sizes.
+The callers guarantee the shapes (32 lanes; state ``(3, 32)`` for the walk,
+``(≥2, 32)`` otherwise; constants ``(5, 32)`` or ``(4, 32)``): the intrinsics
+check types, not sizes.
 """
 
 from __future__ import annotations

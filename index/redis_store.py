@@ -1123,6 +1123,8 @@ class RedisStore:
         pipeline of HMGETs and GETs.
         """
         outs, reads, fill = self._blob_reads(iids, fams)
+        if not reads and not counters:  # nothing to read: no round trip
+            return outs, 0
         if self._is_cluster:
             replies = self._pipeline([("HMGET", key, *fields) for key, fields in reads]
                                      + [("GET", k) for k in counters])
