@@ -4,6 +4,12 @@ Key layout (``P`` = prefix, ``s`` = id shard, ``t`` = bucket group)
 -------------------------------------------------------------------
 * ``{P}:config`` — index configuration (JSON); ``{P}:layout`` — this store's
   layout (JSON: shard count, bucket groups, chunk sizes), fixed at first write.
+* ``{P}:allocs`` — on a single server, the number of iids handed out in all
+  shards together (the sum of every ``seq`` below, kept by the same script that
+  moves a ``seq``). A query asks "did another process add vectors?" by reading
+  this one key instead of all ``S`` sequences. Layouts created on a Cluster (or
+  by layout version 1) have no such key: a script there cannot reach it
+  atomically, and readers sum the sequences instead.
 * Per id shard ``s = crc32(external id) mod S`` (default ``S = 64``), all under
   the hash tag ``{P:s}`` so that one Lua script can touch them atomically,
   also on a Redis Cluster:
@@ -57,6 +63,10 @@ Write protocol (upsert): 3 round trips for new ids, 5 when records get replaced
    clear the ``gc`` entries cleaned in step 2.
 4. remove the bucket entries of the iids that died in step 3; 5. clear their
    ``gc`` entries.
+
+On a single server, a chunk whose records all fall in one shard and whose bucket
+additions fit one call (a single upsert, typically) runs steps 2 and 3 as one
+script: 2 round trips for a new id.
 
 So a reader sees a vector only once all its blobs *and* all its bucket entries
 exist; before the commit or after a replacement a bucket may name an iid whose
@@ -120,7 +130,9 @@ from index.store import (
 
 __all__ = ["RedisStore"]
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+#: Layout versions this release reads (1: no server-wide allocation counter).
+_LAYOUTS_READ = (1, 2)
 _IID_LIMIT = 1 << 32
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 #: Chunk sizes: big blobs in hashes of 1024 fields; small ones (external id,
@@ -138,6 +150,8 @@ _CALL_BUCKETS = 4096
 _WRITE_CHUNK = 2048
 #: gc entries a *begin* hands back per shard for clean-up.
 _GC_PER_BEGIN = 256
+#: Up to this many iids, :meth:`RedisStore._blob_reads` groups them in plain Python.
+_SMALL_READ = 64
 _U4 = np.dtype("<u4")
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -221,6 +235,7 @@ if (cur + m) * S > 4294967296 then
   return redis.error_reply('GMMLSH internal id space (uint32) of this shard is exhausted')
 end
 local first = redis.call('INCRBY', KEYS[1], m) - m
+if #KEYS > 4 then redis.call('INCRBY', KEYS[5], m) end
 local now = tonumber(redis.call('TIME')[1])
 local olds = {}
 for j = 0, m - 1 do
@@ -478,6 +493,19 @@ end
 return {out, sum}
 """
 
+#: A small write on a single server: step 2 (bucket additions, one call) and step 3
+#: (the commit of one shard) as one script, so one round trip fewer. ARGV[1], ARGV[2]:
+#: how many of KEYS and of the remaining ARGV are the bucket call's; the rest the commit's.
+_LUA_ADD_AND_COMMIT = (
+    "local function add_buckets(KEYS, ARGV)\n" + _LUA_BUCKET_ADD + "end\n"
+    + "local function commit(KEYS, ARGV)\n" + _LUA_COMMIT + "end\n"
+    + """
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+add_buckets({unpack(KEYS, 1, nk)}, {unpack(ARGV, 3, 2 + na)})
+return commit({unpack(KEYS, nk + 1)}, {unpack(ARGV, 3 + na)})
+"""
+)
+
 _SCRIPTS = {
     "bget": _LUA_BGET,
     "reads": _LUA_READS,
@@ -486,6 +514,7 @@ _SCRIPTS = {
     "delete": _LUA_DELETE,
     "expire": _LUA_EXPIRE,
     "badd": _LUA_BUCKET_ADD,
+    "badd+commit": _LUA_ADD_AND_COMMIT,
     "brem": _LUA_BUCKET_REMOVE,
 }
 
@@ -620,6 +649,7 @@ class RedisStore:
         self._layout: dict | None = None
         self._config_key = f"{{{prefix}}}:config"
         self._layout_key = f"{{{prefix}}}:layout"
+        self._allocs_key = f"{{{prefix}}}:allocs".encode()
         self._bucket_prefix = f"{prefix}:b:".encode()
         self._seq_key_list: list[bytes] = []
 
@@ -745,7 +775,8 @@ class RedisStore:
         r = self._r()
         raw = r.get(self._layout_key)
         if raw is None and create:
-            mine = json.dumps(self._new_layout, sort_keys=True)
+            # the allocation counter needs every begin script to reach it: one server only
+            mine = json.dumps(dict(self._new_layout, allocs=not self._is_cluster), sort_keys=True)
             raw = r.set(self._layout_key, mine, nx=True, get=True) or mine.encode()
         if raw is None:
             return None
@@ -753,9 +784,15 @@ class RedisStore:
             layout = json.loads(raw)
         except ValueError as e:
             raise StoreError(f"Redis index {self.prefix!r}: unreadable layout {raw[:80]!r}") from e
-        if layout.get("version") != LAYOUT_VERSION:
+        if layout.get("version") not in _LAYOUTS_READ:
             raise StoreError(f"Redis index {self.prefix!r} has store layout version "
-                             f"{layout.get('version')!r}; this release reads {LAYOUT_VERSION}")
+                             f"{layout.get('version')!r}; this release reads "
+                             f"{', '.join(map(str, _LAYOUTS_READ))}")
+        layout.setdefault("allocs", False)
+        if layout["allocs"] and self._is_cluster:
+            raise StoreError(f"Redis index {self.prefix!r} was created on a single server: its "
+                             "server-wide allocation counter cannot be kept on a Cluster "
+                             "(a script there reaches one slot only); serve it from one server")
         self._layout = layout
         return layout
 
@@ -860,7 +897,8 @@ class RedisStore:
             args: list[Any] = [S, s, _GC_PER_BEGIN]
             for p in by_shard[s]:
                 args += [exts[p].encode(), sk_bytes[p]]
-            cmds.append(self._eval("begin", [seq_k, pend_k, gc_k, ids_k], args))
+            allocs = [self._allocs_key] if lay["allocs"] else []
+            cmds.append(self._eval("begin", [seq_k, pend_k, gc_k, ids_k, *allocs], args))
         iids = np.empty(len(exts), dtype=np.int64)
         expected = np.empty(len(exts), dtype=np.int64)
         gc_found: dict[int, list[tuple[int, bytes]]] = {}
@@ -877,7 +915,12 @@ class RedisStore:
         cmds = self._bucket_cmds("badd", flat, np.repeat(iids, n_bands), lay)
         garbage = [g for s in shards for g in gc_found[s]]
         cmds += self._dead_bucket_cmds(garbage, band_keys_of, lay)
-        self._pipeline(cmds)
+        # one shard, one bucket call, nothing to clean (a single upsert, typically), on a
+        # single server: the bucket call runs inside the commit script (one round trip fewer)
+        single = not self._is_cluster and len(shards) == 1 and not garbage and len(cmds) == 1
+        fused = cmds[0] if single else None
+        if fused is None:
+            self._pipeline(cmds)
 
         # 3. commit (per shard, atomic), retrying records whose id changed meanwhile.
         todo = {s: list(by_shard[s]) for s in shards}
@@ -898,7 +941,13 @@ class RedisStore:
                     args += [exts[p].encode(), int(iids[p]), int(expected[p]), flags,
                              batch.vectors[rows[p]], sk_bytes[p],
                              nrff[p] if nrff is not None else b"", meta or b""]
-                cmds.append(self._eval("commit", [ids_k, pend_k, gc_k, n_k, *ckeys], args))
+                cmd = self._eval("commit", [ids_k, pend_k, gc_k, n_k, *ckeys], args)
+                if fused is not None:  # EVALSHA sha numkeys keys... args...
+                    bk, ba = fused[3:3 + fused[2]], fused[3 + fused[2]:]
+                    cmd = self._eval("badd+commit", [*bk, *cmd[3:3 + cmd[2]]],
+                                     [len(bk), len(ba), *ba, *cmd[3 + cmd[2]:]])
+                    fused = None  # a retry round commits only
+                cmds.append(cmd)
                 order.append(s)
             retry: dict[int, list[int]] = {}
             for s, (status, info, dl) in zip(order, self._pipeline(cmds), strict=True):
@@ -1092,28 +1141,56 @@ class RedisStore:
         a = np.asarray(iids).ravel().astype(np.int64, copy=False)
         outs: list[list[bytes | None]] = [[None] * a.size for _ in fams]
         lay = self._get_layout(create=False) if a.size else None
-        valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT)) if lay is not None else np.empty(0, np.int64)
-        reads, plan = [], []
-        if valid.size:
-            for out, fam in zip(outs, fams, strict=True):
-                s, c, f = self._locs(a[valid], fam, lay)
-                kid = s * (1 << 32) + c  # one id per chunk key
-                order = np.argsort(kid, kind="stable")
-                kid_sorted = kid[order]
-                cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
-                f_sorted = f[order].tolist()
-                pos = valid[order].tolist()
-                for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
-                    k = int(kid_sorted[lo])
-                    reads.append((f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", f_sorted[lo:hi]))
-                    plan.append((out, pos, lo))
+        reads: list[tuple[str, list[int]]] = []
+        plan: list[tuple[list, list[int]]] = []  # per read: (output list, positions in it)
+        if lay is not None and a.size <= _SMALL_READ:
+            self._group_small(a.tolist(), outs, fams, lay, reads, plan)
+        elif lay is not None:
+            self._group_large(a, outs, fams, lay, reads, plan)
 
         def fill(values: list) -> None:
-            for (out, pos, lo), vals in zip(plan, values, strict=True):
-                for j, v in enumerate(vals):
-                    out[pos[lo + j]] = v
+            for (out, pos), vals in zip(plan, values, strict=True):
+                for p, v in zip(pos, vals, strict=True):
+                    out[p] = v
 
         return outs, reads, fill
+
+    def _group_small(self, iids: list[int], outs: list[list], fams: Sequence[str], lay: dict,
+                     reads: list, plan: list) -> None:
+        """:meth:`_blob_reads`' grouping for a query's answer: a few iids, plain Python
+        (numpy's per-call overhead is most of the time at this size)."""
+        S = lay["shards"]
+        for out, fam in zip(outs, fams, strict=True):
+            C = self._chunk(fam, lay)
+            by_key: dict[str, tuple[list[int], list[int]]] = {}
+            for p, iid in enumerate(iids):
+                if 0 <= iid < _IID_LIMIT:
+                    seq, s = divmod(iid, S)
+                    fields, pos = by_key.setdefault(f"{self._tag(s)}{fam}:{seq // C}", ([], []))
+                    fields.append(seq % C)
+                    pos.append(p)
+            for key, (fields, pos) in by_key.items():
+                reads.append((key, fields))
+                plan.append((out, pos))
+
+    def _group_large(self, a: np.ndarray, outs: list[list], fams: Sequence[str], lay: dict,
+                     reads: list, plan: list) -> None:
+        """:meth:`_blob_reads`' grouping for many iids, vectorised: sort by chunk key."""
+        valid = np.flatnonzero((a >= 0) & (a < _IID_LIMIT))
+        if not valid.size:
+            return
+        for out, fam in zip(outs, fams, strict=True):
+            s, c, f = self._locs(a[valid], fam, lay)
+            kid = s * (1 << 32) + c  # one id per chunk key
+            order = np.argsort(kid, kind="stable")
+            kid_sorted = kid[order]
+            cuts = (np.flatnonzero(np.diff(kid_sorted)) + 1).tolist()
+            f_sorted = f[order].tolist()
+            pos = valid[order].tolist()
+            for lo, hi in zip([0, *cuts], [*cuts, len(order)], strict=True):
+                k = int(kid_sorted[lo])
+                reads.append((f"{self._tag(k >> 32)}{fam}:{k & 0xFFFFFFFF}", f_sorted[lo:hi]))
+                plan.append((out, pos[lo:hi]))
 
     def _answer_reads(self, iids: np.ndarray, fams: Sequence[str], counters: Sequence[bytes]
                       ) -> tuple[list[list[bytes | None]], int]:
@@ -1147,14 +1224,15 @@ class RedisStore:
                            ) -> tuple[list[str | None], list[bytes | None], bool]:
         """:meth:`ids_and_fetch` and whether any shard sequence moved past ``token``: one round trip.
 
-        Sequences only grow, so one moved past the token exactly when their sum did.
+        Sequences only grow, so one moved past the token exactly when their sum did;
+        on a single server that sum is one key, ``allocs``.
         """
         lay = self._get_layout(create=False)
         if lay is None:
             return [None] * len(iids), [None] * len(iids), False
         S = lay["shards"]
-        (names, blobs), total = self._answer_reads(iids, ("x", self._family(field)),
-                                                   self._seq_keys(S))
+        counters = [self._allocs_key] if lay["allocs"] else self._seq_keys(S)
+        (names, blobs), total = self._answer_reads(iids, ("x", self._family(field)), counters)
         return decode_names(names), blobs, total > sum(self._token_seqs(token, S))
 
     @_unavailable

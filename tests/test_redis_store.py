@@ -5,6 +5,7 @@ processes, a server SIGKILLed mid-batch, connection loss and reconnection, memor
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -586,7 +587,20 @@ def test_cluster_autodetected_and_spread(redis_cluster_url, redis_prefix, rng): 
     assert len(per_node) == 3 and all(c > 0 for c in per_node), per_node
     assert_matches(store, model)
     assert_consistent(store)
+    assert json.loads(r.get(store._layout_key))["allocs"] is False  # no counter on a Cluster
     r.close()
+    store.close()
+
+
+def test_a_single_server_index_is_refused_by_a_cluster(redis_cluster_url, redis_prefix):  # noqa: F811
+    """Its allocation counter cannot be kept by per-slot scripts: a Cluster writer would let
+    single-server readers miss new vectors, so the layout is refused, not half-served."""
+    store = RedisStore(redis_cluster_url, prefix=redis_prefix)
+    store._r().set(store._layout_key, json.dumps({"version": 2, "shards": 64, "groups": 4096,
+                                                  "chunk_big": 1024, "chunk_small": 128,
+                                                  "allocs": True}))
+    with pytest.raises(StoreError, match="created on a single server"):
+        store.count()
     store.close()
 
 
@@ -619,3 +633,96 @@ def test_memory_per_vector_within_twice_the_raw_bytes(redis_server):  # noqa: F8
 def test_fields_constant_matches_protocol():
     assert set(FIELDS) == {"vector", "sketch", "nrff", "meta"}
     assert flip is not None
+
+
+# --- the server-wide allocation counter and the one-script small write ---------------------
+
+
+def _seq_sum(store: RedisStore) -> int:
+    return sum(store._shard_seqs(store._get_layout(create=False)["shards"]))
+
+
+def test_allocation_counter_is_the_sum_of_the_shard_sequences(redis_url, redis_prefix, rng):  # noqa: F811
+    """What a query's news check reads (one key) must move exactly when some shard's
+    sequence does: after new ids, replacements, deletes and a crashed writer's attempt."""
+    st = RedisStore(redis_url, prefix=redis_prefix, shards=7)
+    model = Model()
+    for round_ in range(3):
+        batch, recs = make_batch([f"a{round_}-{i}" for i in range(60)] + [f"a0-{i}" for i in range(0, 60, 7)], rng)
+        model.upsert(st, batch, recs)
+        one, one_recs = make_batch([f"single{round_}"], rng)
+        model.upsert(st, one, one_recs)
+        model.delete(st, [f"a{round_}-{i}" for i in range(0, 60, 11)])
+    # a writer that dies after begin: its iids are allocated, never committed
+    s = redis_store._shard_of("ghost", 7)
+    ids_k, pend_k, gc_k, _, seq_k = st._shard_keys(s)
+    st._pipeline([st._eval("begin", [seq_k, pend_k, gc_k, ids_k, st._allocs_key],
+                           [7, s, 0, b"ghost", b"\0" * 8])])
+    allocs = int(st._r().get(st._allocs_key))
+    assert allocs == _seq_sum(st) > 0
+    _, token = st.allocated_since(None)
+    assert not st.ids_fetch_and_news(st.lookup(["single0"]), "meta", token)[2]
+    other = RedisStore(redis_url, prefix=redis_prefix)  # another process's writer
+    batch, recs = make_batch(["late"], rng)
+    model.upsert(other, batch, recs)
+    names, _, news = st.ids_fetch_and_news(st.lookup(["single0"]), "meta", token)
+    assert names == ["single0"] and news, "a vector added by another writer went unnoticed"
+    assert int(st._r().get(st._allocs_key)) == _seq_sum(st)
+    assert_matches(st, model)
+    st.close()
+    other.close()
+
+
+def test_a_version_1_layout_checks_news_by_the_shard_sequences(redis_url, redis_prefix, rng):  # noqa: F811
+    """An index written by a release without the counter: no ``allocs`` key is kept or read."""
+    st = RedisStore(redis_url, prefix=redis_prefix, shards=5)
+    r = st._r()
+    r.set(st._layout_key, json.dumps({"version": 1, "shards": 5, "groups": 64,
+                                      "chunk_big": 1024, "chunk_small": 128}))
+    batch, recs = make_batch([f"v{i}" for i in range(30)], rng)
+    model = Model()
+    model.upsert(st, batch, recs)
+    assert r.get(st._allocs_key) is None
+    _, token = st.allocated_since(None)
+    iids = st.lookup(["v1"])
+    assert not st.ids_fetch_and_news(iids, "meta", token)[2]
+    batch, recs = make_batch(["v-late"], rng)
+    model.upsert(RedisStore(redis_url, prefix=redis_prefix), batch, recs)
+    assert st.ids_fetch_and_news(iids, "meta", token)[2]
+    assert_matches(st, model)
+    st.close()
+
+
+def test_a_layout_from_a_newer_release_is_refused(redis_url, redis_prefix):  # noqa: F811
+    st = RedisStore(redis_url, prefix=redis_prefix)
+    st._r().set(st._layout_key, json.dumps({"version": 99, "shards": 5}))
+    with pytest.raises(StoreError, match="layout version 99"):
+        st.count()
+    st.close()
+
+
+def test_a_single_new_upsert_is_two_round_trips(redis_url, redis_prefix, rng, monkeypatch):  # noqa: F811
+    """begin, then bucket entries and commit in one script; a batch over several shards
+    keeps the three steps. Both leave the same records and buckets."""
+    st = RedisStore(redis_url, prefix=redis_prefix)
+    model = Model()
+    warm, recs = make_batch(["w"], rng)
+    model.upsert(st, warm, recs)
+    calls: list[list[str]] = []
+    real = st._pipeline
+    names = {sha: name for name, sha in st._shas.items()}
+    monkeypatch.setattr(st, "_pipeline", lambda cmds: calls.append(
+        [names.get(c[1], c[0]) for c in cmds]) or real(cmds))
+    one, recs = make_batch(["s1"], rng)
+    model.upsert(st, one, recs)
+    assert calls == [["begin"], ["badd+commit"]]
+    calls.clear()
+    again, recs = make_batch(["s1"], rng)  # a replacement: the old iid's buckets go too
+    model.upsert(st, again, recs)
+    assert calls[:2] == [["begin"], ["badd+commit"]] and len(calls) == 4
+    calls.clear()
+    many, recs = make_batch([f"m{i}" for i in range(40)], rng)
+    model.upsert(st, many, recs)
+    assert calls[1][0] == "badd" and all(c == "commit" for c in calls[2])
+    assert_matches(st, model)
+    st.close()
