@@ -471,10 +471,11 @@ return table.concat(out)
 """
 
 # An answer's reads on a single server: HMGETs of chunk hashes plus the sum of some
-# counters (the shard sequences, for :meth:`RedisStore.ids_fetch_and_news`) as one
-# command. Packing and parsing ~20 pipelined commands in redis-py cost more than the
-# server's work. KEYS = n hash keys, then the counters; ARGV[1] = n, ARGV[1 + i] = how
-# many fields of KEYS[i] follow, then the fields. Returns {values (false: absent), sum}.
+# counters (``allocs``, or on a layout-1 index the shard sequences: for
+# :meth:`RedisStore.ids_fetch_and_news`) as one command. Packing and parsing ~20
+# pipelined commands in redis-py cost more than the server's work. KEYS = n hash keys,
+# then the counters; ARGV[1] = n, ARGV[1 + i] = how many fields of KEYS[i] follow, then
+# the fields. Returns {values (false: absent), sum}.
 _LUA_READS = """
 local n = tonumber(ARGV[1])
 local out, pos = {}, n + 2
@@ -536,6 +537,12 @@ def mask_url(url: str) -> str:
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     except ValueError:
         return "<unparseable redis url>"
+
+
+def _eval_parts(cmd: tuple) -> tuple[tuple, tuple]:
+    """(KEYS, ARGV) of a command built by :meth:`RedisStore._eval`."""
+    n = cmd[2]
+    return cmd[3:3 + n], cmd[3 + n:]
 
 
 def _shard_of(ext_id: str, shards: int) -> int:
@@ -942,10 +949,9 @@ class RedisStore:
                              batch.vectors[rows[p]], sk_bytes[p],
                              nrff[p] if nrff is not None else b"", meta or b""]
                 cmd = self._eval("commit", [ids_k, pend_k, gc_k, n_k, *ckeys], args)
-                if fused is not None:  # EVALSHA sha numkeys keys... args...
-                    bk, ba = fused[3:3 + fused[2]], fused[3 + fused[2]:]
-                    cmd = self._eval("badd+commit", [*bk, *cmd[3:3 + cmd[2]]],
-                                     [len(bk), len(ba), *ba, *cmd[3 + cmd[2]:]])
+                if fused is not None:
+                    (bk, ba), (ck, ca) = _eval_parts(fused), _eval_parts(cmd)
+                    cmd = self._eval("badd+commit", [*bk, *ck], [len(bk), len(ba), *ba, *ca])
                     fused = None  # a retry round commits only
                 cmds.append(cmd)
                 order.append(s)

@@ -387,6 +387,34 @@ def test_interrupted_upsert_at_every_step_recovers(redis_url, redis_prefix, rng,
     store.close()
 
 
+@pytest.mark.parametrize("fail_at", [1, 2, 3, 4])
+def test_interrupted_single_replacement_recovers(redis_url, redis_prefix, rng, monkeypatch,  # noqa: F811
+                                                 fail_at):
+    """The same for one record, which takes the fused bucket-add-and-commit script."""
+    store = RedisStore(redis_url, prefix=redis_prefix)
+    model = Model()
+    batch, recs = make_batch(["one"], rng, tag="v1")
+    model.upsert(store, batch, recs)
+    batch2, recs2 = make_batch(["one"], rng, tag="v2")
+    real = store._pipeline
+    calls = itertools.count(1)
+
+    def dying(cmds):
+        if next(calls) == fail_at:
+            raise redis.exceptions.ConnectionError("simulated connection loss")
+        return real(cmds)
+
+    monkeypatch.setattr(store, "_pipeline", dying)
+    with pytest.raises(StoreUnavailable):
+        store.upsert(batch2, band_keys_of)
+    monkeypatch.setattr(store, "_pipeline", real)
+    assert set(assert_consistent(store, complete=False)) == {"one"}
+    model.upsert(store, batch2, recs2)  # the retry
+    assert_matches(store, model)
+    assert_consistent(store)
+    store.close()
+
+
 @pytest.mark.parametrize("fail_at", [2, 3])
 def test_interrupted_delete_recovers(redis_url, redis_prefix, rng, monkeypatch, fail_at):  # noqa: F811
     store = RedisStore(redis_url, prefix=redis_prefix, shards=4)
@@ -642,7 +670,8 @@ def _seq_sum(store: RedisStore) -> int:
     return sum(store._shard_seqs(store._get_layout(create=False)["shards"]))
 
 
-def test_allocation_counter_is_the_sum_of_the_shard_sequences(redis_url, redis_prefix, rng):  # noqa: F811
+def test_allocation_counter_is_the_sum_of_the_shard_sequences(redis_url, redis_prefix, rng,  # noqa: F811
+                                                              monkeypatch):
     """What a query's news check reads (one key) must move exactly when some shard's
     sequence does: after new ids, replacements, deletes and a crashed writer's attempt."""
     st = RedisStore(redis_url, prefix=redis_prefix, shards=7)
@@ -654,10 +683,14 @@ def test_allocation_counter_is_the_sum_of_the_shard_sequences(redis_url, redis_p
         model.upsert(st, one, one_recs)
         model.delete(st, [f"a{round_}-{i}" for i in range(0, 60, 11)])
     # a writer that dies after begin: its iids are allocated, never committed
-    s = redis_store._shard_of("ghost", 7)
-    ids_k, pend_k, gc_k, _, seq_k = st._shard_keys(s)
-    st._pipeline([st._eval("begin", [seq_k, pend_k, gc_k, ids_k, st._allocs_key],
-                           [7, s, 0, b"ghost", b"\0" * 8])])
+    real = st._pipeline
+    calls = itertools.count(1)
+    monkeypatch.setattr(st, "_pipeline", lambda cmds: real(cmds) if next(calls) < 2
+                        else (_ for _ in ()).throw(redis.exceptions.ConnectionError("gone")))
+    ghost, _ = make_batch(["ghost"], rng)
+    with pytest.raises(StoreUnavailable):
+        st.upsert(ghost, band_keys_of)
+    monkeypatch.setattr(st, "_pipeline", real)
     allocs = int(st._r().get(st._allocs_key))
     assert allocs == _seq_sum(st) > 0
     _, token = st.allocated_since(None)
