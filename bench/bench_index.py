@@ -180,7 +180,9 @@ def _duel(ix, nnd, Q, our_rows, knobs, peer_rows, peer_eps) -> list[str]:
     Each side's cheapest setting reaching the target recall in the sweeps above
     (the ann-benchmarks way: the frontier at that recall) is timed again in
     alternating rounds, one thread each, so that the VM's drift hits both alike;
-    the ratio is the median of the rounds' ratios.
+    a ratio is the median of the rounds' ratios. Both sides are timed one query
+    per call and the whole query set in one call (``Index.query_batch`` /
+    ``NNDescent.query``): pynndescent's sweep above is the batched call.
     """
     ours = [(qps, kn) for (_, rec, qps, _), kn in zip(our_rows, knobs, strict=True)
             if rec >= TARGET_RECALL and kn[0] is None]
@@ -191,23 +193,33 @@ def _duel(ix, nnd, Q, our_rows, knobs, peer_rows, peer_eps) -> list[str]:
     C = max(ours)[1][1]
     eps = max(theirs)[1]
     numba.set_num_threads(1)
-    a, b = [], []
+    runs = {
+        "ours, one query per call": lambda: [ix.query(q, k=10, candidates=C) for q in Q],
+        "ours, batched": lambda: ix.query_batch(Q, k=10, candidates=C),
+        "pynndescent, one query per call": lambda: [nnd.query(q[None, :], k=10, epsilon=eps) for q in Q],
+        "pynndescent, batched": lambda: nnd.query(Q, k=10, epsilon=eps),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(DUEL_ROUNDS):
-        t = time.perf_counter()
-        for q in Q:
-            ix.query(q, k=10, candidates=C)
-        a.append(Q.shape[0] / (time.perf_counter() - t))
-        t = time.perf_counter()
-        nnd.query(Q, k=10, epsilon=eps)
-        b.append(Q.shape[0] / (time.perf_counter() - t))
-    ratios = np.array(a) / np.array(b)
-    return [
-        f"- at recall ≥ {TARGET_RECALL}, head to head ({DUEL_ROUNDS} alternating rounds of "
-        f"{Q.shape[0]:,} queries, one thread): lsh C={C} {np.median(a):,.0f} queries/s "
-        f"(rounds {', '.join(f'{x:,.0f}' for x in a)}), pynndescent epsilon={eps} {np.median(b):,.0f} "
-        f"({', '.join(f'{x:,.0f}' for x in b)}); ours / theirs = {np.median(ratios):.2f} "
-        f"(median of the rounds' ratios; range {ratios.min():.2f}–{ratios.max():.2f})"
+        for name, run in runs.items():
+            t = time.perf_counter()
+            run()
+            rates[name].append(Q.shape[0] / (time.perf_counter() - t))
+    r = {name: np.array(v) for name, v in rates.items()}
+    lines = [
+        f"- at recall ≥ {TARGET_RECALL}, head to head ({DUEL_ROUNDS} alternating rounds of {Q.shape[0]:,} "
+        f"queries, one thread; ours lsh C={C}, pynndescent epsilon={eps}), queries/s (median; rounds):"
     ]
+    for name, v in r.items():
+        lines.append(f"  - {name}: {np.median(v):,.0f} ({', '.join(f'{x:,.0f}' for x in v)})")
+    for mine, peer, what in (("ours, batched", "pynndescent, batched", "batched vs batched"),
+                             ("ours, one query per call", "pynndescent, one query per call", "one query per call each"),
+                             ("ours, one query per call", "pynndescent, batched",
+                              "our single queries vs its batched call")):
+        ratios = r[mine] / r[peer]
+        lines.append(f"  - ours / theirs, {what}: {np.median(ratios):.2f} "
+                     f"(range {ratios.min():.2f}–{ratios.max():.2f})")
+    return lines
 
 
 def main(argv=None) -> None:

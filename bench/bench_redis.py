@@ -178,12 +178,12 @@ def main(argv=None) -> None:
                 "| | datasketch | gmmlsh (Redis) | ratio |",
                 "|---|---|---|---|",
                 f"| inserts/s (one at a time) | {p['insert']:,.0f} | {ours_ins:,.0f} | "
-                f"{ours_ins / p['insert']:.0f}× |",
+                f"{ours_ins / p['insert']:.1f}× |",
                 f"| inserts/s (datasketch insertion session vs our batches of 1,000) | {p['session']:,.0f} | "
-                f"{rd['insert']:,.0f} | {rd['insert'] / p['session']:.0f}× |",
+                f"{rd['insert']:,.0f} | {rd['insert'] / p['session']:.1f}× |",
                 f"| hashing vectors/s | {p['hash']:,.0f} | | |",
-                f"| queries/s | {p['qps']:,.0f} | {rd['qps']:,.0f} | {rd['qps'] / p['qps']:.0f}× |",
-                f"| deletes/s (one at a time) | {p['delete']:,.0f} | {ours_del:,.0f} | {ours_del / p['delete']:.0f}× |",
+                f"| queries/s | {p['qps']:,.0f} | {rd['qps']:,.0f} | {rd['qps'] / p['qps']:.1f}× |",
+                f"| deletes/s (one at a time) | {p['delete']:,.0f} | {ours_del:,.0f} | {ours_del / p['delete']:.1f}× |",
                 f"| recall@10 | {p['recall']:.3f} (of unordered candidate sets, mean size {p['cands']:,.0f}) | "
                 f"{rd['recall']:.3f} (top 10, reranked) | |",
                 f"| Redis memory | {p['mem']:,.0f} bytes/vector, {p['keys']:,} keys | {mem:,.0f} bytes/vector | |",

@@ -9,11 +9,12 @@ on arrays, so the answer is the one the step-by-step path gives.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from core.agreement import _pack2, top_by_agreement
 from core.gcws import _codes, _sample_dense_serial
 from core.gmm import _SERIAL
+from core.parallel import twin_kernels
 
 _dense_scores = _SERIAL[0]
 
@@ -58,3 +59,24 @@ def rank_dense_query(q, table, walk_e, walk_c, k, bits, seed, words, S, F, have,
             return chosen, sims, False
     _dense_scores(q.astype(np.float64), qn, values, norms, chosen, sims)
     return chosen, sims, True
+
+
+def _rank_dense_queries_impl(Q, qn, table, walk_e, walk_c, k, bits, seed, words, S, F, have, n, budget, values,
+                             norms, cached, rows_out, sims_out, counts, complete):
+    """:func:`rank_dense_query` for every row of ``Q``, into ``rows_out``/``sims_out`` (m, budget):
+    row i's first ``counts[i]`` entries; ``complete[i]`` False where its sims are not computed."""
+    for i in prange(Q.shape[0]):
+        rows, sims, ok = rank_dense_query(Q[i], table, walk_e, walk_c, k, bits, seed, words, S, F, have, n,
+                                          budget, -1, values, norms, cached, qn[i])
+        c = rows.shape[0]
+        counts[i] = c
+        complete[i] = ok
+        rows_out[i, :c] = rows
+        if ok:
+            sims_out[i, :c] = sims
+
+
+#: A batch of default lsh queries in one call: parallel over queries, or serial. The
+#: per-query Python work (validation, calls, temporaries) is paid once per batch.
+rank_dense_queries_parallel, rank_dense_queries_serial = twin_kernels(_rank_dense_queries_impl, nogil=True,
+                                                                      cache=True)

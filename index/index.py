@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numba
 import numpy as np
 import orjson
 import scipy.sparse as sp
@@ -32,7 +33,13 @@ from numba import njit
 from core import gcws, nrff
 from core.agreement import SAMPLES_PER_WORD, agreement2, first_words, pack2, top_by_agreement
 from core.gmm import l1_norms, score_rows
-from core.query_kernel import best_by_score, rank_dense_query
+from core.parallel import PARALLEL_LOCK
+from core.query_kernel import (
+    best_by_score,
+    rank_dense_queries_parallel,
+    rank_dense_queries_serial,
+    rank_dense_query,
+)
 from core.validate import (
     NonFiniteError,
     VectorError,
@@ -43,6 +50,7 @@ from core.validate import (
     dense_float32_or_none,
 )
 from index import codec
+from index.answer_cache import AnswerCache
 from index.banding import Banding
 from index.config import IndexConfig
 from index.store import ConfigConflict, RecordBatch, Store
@@ -192,8 +200,9 @@ class _RowCache:
 class _SketchCache(_RowCache):
     """The 2-bit ranking codes, plus their first-stage words kept word-major for the scan.
 
-    ``first[:, iid]`` mirrors ``values[iid, :FIRST_WORDS]``: the scan reads that
-    contiguous array instead of every other cache line of ``values``.
+    ``first[:, iid]`` holds ``values[iid, :FIRST_WORDS]`` as bit planes
+    (:func:`core.agreement.first_words`): the scan reads that contiguous array
+    instead of every other cache line of ``values``.
     """
 
     def __init__(self, field: str, width: int, dtype, decode, max_bytes: int):
@@ -209,7 +218,7 @@ class _SketchCache(_RowCache):
 
     def _fill(self, iids: np.ndarray, values: np.ndarray, norms: np.ndarray) -> None:
         super()._fill(iids, values, norms)
-        self.first[:, iids] = values[:, : self.first.shape[0]].T
+        self.first[:, iids] = first_words(values)
 
     def scan_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, first, have) as one consistent triple."""
@@ -270,6 +279,7 @@ class Index:
         self._holes_since = np.zeros(0)
         self._holes_checked = 0.0
         self._refresh_lock = threading.Lock()
+        self._answers = AnswerCache()
 
     def _decode_sketches(self, blobs: list[bytes]):
         packed = np.frombuffer(b"".join(blobs), np.uint8).reshape(len(blobs), -1)
@@ -535,6 +545,15 @@ class Index:
         opts = self._check_options(k, mode, min_similarity, candidates, bands)
         Q = self._as_stored(X, "vectors")
         Qh = self._hashable(Q)
+        k, _, min_similarity, budget, bands = opts
+        if mode == "lsh" and bands is None and Q.shape[0] and self._fused_applies(Qh):
+            for speculative in (True, False):
+                found = self._lsh_fused_batch(Qh, budget, speculative)
+                if found is None:
+                    break
+                results = self._results_batch(mode, k, *found, min_similarity)
+                if results is not None:
+                    return results
         codes = self._codes(Qh) if mode == "lsh" else None
         return [
             self._answer(
@@ -638,21 +657,54 @@ class Index:
         ``unconfirmed`` is None. Not speculative before the first refresh or while
         some iids wait to be re-fetched (a writer was mid-commit).
         """
+        inputs = self._fused_inputs(speculative)
+        if inputs is None:
+            return None
+        unconfirmed, (table, walk_e, walk_c, k, bits, seed, words, S, F, have, n), (values, norms, cached) = inputs
+        rows, sims, complete = rank_dense_query(
+            q32, table, walk_e, walk_c, k, bits, seed, words, S, F, have, n, budget, exclude, values, norms, cached,
+            float(np.abs(q32.astype(np.float64)).sum()))
+        if not complete:  # some chosen rows are not cached yet: fetch and score them
+            return (*self._score(q32, rows), unconfirmed)
+        return rows, sims, unconfirmed
+
+    def _fused_inputs(self, speculative: bool):
+        """(unconfirmed token, the scan's arrays, the vector cache's arrays) for the fused
+        kernels, after a refresh unless ``speculative`` (see :meth:`_lsh_fused`); None when
+        the scan cannot hold the index."""
         unconfirmed = self._token if speculative and not self._holes.shape[0] else None
         if (unconfirmed is None or self._scan_n > self._sketches.max_rows) and self._refresh_sketches() < 0:
             return None
         cfg = self.config
         S, F, have = self._sketches.scan_arrays()
-        values, norms, cached = self._cache.scoring_arrays()
         table = gcws.constant_table(2 * cfg.dim, cfg.k, cfg.seed)
         walk_e, walk_c = gcws.walk_table(2 * cfg.dim, cfg.k, cfg.seed)
-        rows, sims, complete = rank_dense_query(
-            q32, table, walk_e, walk_c, cfg.k, cfg.bits, np.uint64(cfg.seed), self._rank_words, S, F, have,
-            min(self._scan_n, S.shape[0]), budget, exclude, values, norms, cached,
-            float(np.abs(q32.astype(np.float64)).sum()))
-        if not complete:  # some chosen rows are not cached yet: fetch and score them
-            return (*self._score(q32, rows), unconfirmed)
-        return rows, sims, unconfirmed
+        scan = (table, walk_e, walk_c, cfg.k, cfg.bits, np.uint64(cfg.seed), self._rank_words, S, F, have,
+                min(self._scan_n, S.shape[0]))
+        return unconfirmed, scan, self._cache.scoring_arrays()
+
+    def _lsh_fused_batch(self, Q32: np.ndarray, budget: int, speculative: bool):
+        """:meth:`_lsh_fused` for every row of ``Q32`` in one kernel call: ([(rows, sims)], unconfirmed),
+        or None when the scan cannot hold the index."""
+        inputs = self._fused_inputs(speculative)
+        if inputs is None:
+            return None
+        unconfirmed, scan, scoring = inputs
+        m = Q32.shape[0]
+        rows = np.empty((m, budget), dtype=np.int64)
+        sims = np.empty((m, budget))
+        counts = np.empty(m, dtype=np.int64)
+        complete = np.empty(m, dtype=np.bool_)
+        qn = np.abs(Q32.astype(np.float64)).sum(axis=1)
+        if numba.get_num_threads() > 1 and m > 1:
+            with PARALLEL_LOCK:
+                rank_dense_queries_parallel(Q32, qn, *scan, budget, *scoring, rows, sims, counts, complete)
+        else:
+            rank_dense_queries_serial(Q32, qn, *scan, budget, *scoring, rows, sims, counts, complete)
+        found = []
+        for i, (c, ok) in enumerate(zip(counts.tolist(), complete.tolist(), strict=True)):
+            found.append((rows[i, :c], sims[i, :c]) if ok else self._score(Q32[i], rows[i, :c]))
+        return found, unconfirmed
 
     def _refresh_sketches(self) -> int:
         """Bring the sketch cache up to date with the store; −1 if it cannot hold them all.
@@ -777,24 +829,43 @@ class Index:
         allocation token a speculative scan used (None: nothing to confirm); the first
         read also asks whether iids were allocated since, and if so the answer may miss
         them: None is returned and the caller answers again after a refresh.
+
+        Names already read come from :class:`index.answer_cache.AnswerCache`: when every
+        neighbour's is cached, one read of the allocation counter and the store's epoch
+        (``Store.news_and_epoch``) replaces reading the records, as long as the epoch
+        still equals the one the names were read at (no iid retired since).
         """
         scored = int(iids.shape[0])
         keep = sims >= min_similarity
         iids, sims = iids[keep], sims[keep]
         order = np.argsort(-sims, kind="stable")
+        epoch, known = self._answers.snapshot()
+        if epoch is not None:
+            cached = self._cached_neighbors(iids, sims, order, k, known, exclude_id)
+            if cached is not None:  # every neighbour's name is known: one counter read confirms
+                news, now = self.store.news_and_epoch(unconfirmed)
+                if news and unconfirmed is not None:
+                    return None
+                if now == epoch:
+                    return QueryResult(mode=mode, k=k, candidates=scored, neighbors=cached)
+                unconfirmed = None  # no news; names must be read again (some may have died)
         neighbors: list[Neighbor] = []
         start, window = 0, k
+        first = True
         # an unconfirmed answer reads at least once, even with nothing to name
         while (len(neighbors) < k and start < order.shape[0]) or unconfirmed is not None:
             sel = order[start : start + window]
-            if unconfirmed is not None:
-                names, metas, news = self.store.ids_fetch_and_news(iids[sel], "meta", unconfirmed)
-                if news:
+            sel_iids = iids[sel].tolist()
+            if first and (unconfirmed is not None or epoch is not None):
+                names, metas, news, now = self.store.ids_fetch_and_news(iids[sel], "meta", unconfirmed)
+                if news and unconfirmed is not None:
                     return None
                 unconfirmed = None
+                self._answers.add(now, sel_iids, names, metas)
             else:
                 names, metas = self.store.ids_and_fetch(iids[sel], "meta")
-            for iid, s, name, m in zip(iids[sel].tolist(), sims[sel].tolist(), names, metas, strict=True):
+            first = False
+            for iid, s, name, m in zip(sel_iids, sims[sel].tolist(), names, metas, strict=True):
                 if name is None:
                     self._forget(iid)
                 elif len(neighbors) < k and name != exclude_id:
@@ -802,11 +873,67 @@ class Index:
             start, window = start + window, window * 4
         return QueryResult(mode=mode, k=k, candidates=scored, neighbors=neighbors)
 
+    def _results_batch(self, mode: str, k: int, found: list[tuple[np.ndarray, np.ndarray]],
+                       unconfirmed: object | None, min_similarity: float) -> list[QueryResult] | None:
+        """:meth:`_result` for a batch of queries with one store read for all of them: the
+        names of every query's top k not cached yet, or (all cached) the epoch alone. Where
+        that is not enough (no epoch, retired or filtered neighbours), a query reads alone."""
+        epoch, known = self._answers.snapshot()
+        if epoch is None:
+            results = []
+            for i, (iids, sims) in enumerate(found):
+                result = self._result(mode, k, iids, sims, unconfirmed if i == 0 else None, min_similarity)
+                if result is None:
+                    return None
+                results.append(result)
+            return results
+        ranked = []
+        for iids, sims in found:
+            keep = sims >= min_similarity
+            iids, sims = iids[keep], sims[keep]
+            ranked.append((iids, sims, np.argsort(-sims, kind="stable")))
+        tops = np.unique(np.concatenate([iids[order[:k]] for iids, _, order in ranked] + [np.zeros(0, np.int64)]))
+        missing = np.array([i for i in tops.tolist() if i not in known], dtype=np.int64)
+        if missing.shape[0]:
+            names, metas, news, now = self.store.ids_fetch_and_news(missing, "meta", unconfirmed)
+            self._answers.add(now, missing.tolist(), names, metas)
+        else:
+            news, now = self.store.news_and_epoch(unconfirmed)
+        if news and unconfirmed is not None:
+            return None
+        epoch, known = self._answers.snapshot()
+        results = []
+        for (iids, sims, order), (all_iids, all_sims) in zip(ranked, found, strict=True):
+            cached = self._cached_neighbors(iids, sims, order, k, known, None) if epoch == now else None
+            if cached is None:
+                results.append(self._result(mode, k, all_iids, all_sims, None, min_similarity))
+            else:
+                results.append(QueryResult(mode=mode, k=k, candidates=int(all_iids.shape[0]), neighbors=cached))
+        return results
+
+    @staticmethod
+    def _cached_neighbors(iids: np.ndarray, sims: np.ndarray, order: np.ndarray, k: int,
+                          known: dict, exclude_id: str | None) -> list[Neighbor] | None:
+        """The answer from cached names (best first, ``exclude_id`` left out), or None as
+        soon as a candidate it needs is not cached."""
+        out: list[Neighbor] = []
+        for p in order.tolist():
+            entry = known.get(int(iids[p]))
+            if entry is None:
+                return None
+            name, m = entry
+            if name != exclude_id:
+                out.append(Neighbor(name, float(sims[p]), orjson.loads(m) if m else None))
+                if len(out) == k:
+                    break
+        return out
+
     def _forget(self, iid: int) -> None:
         """Drop a retired iid from this process's caches (it will never come back)."""
         for cache in (self._sketches, self._cache):
             if cache is not None and iid < cache.have.shape[0]:
                 cache.have[iid] = False
+        self._answers.forget(iid)
 
     # --- housekeeping ---------------------------------------------------------------
     def sketch_stored(self, blobs: list[bytes]) -> np.ndarray:

@@ -416,15 +416,21 @@ class LmdbStore:
         """One ``getmulti`` over big-endian iid keys; None for absent or out-of-range iids."""
         return self._get_by_iid_from((db,), iids)[0]
 
-    def _get_by_iid_from(self, dbs, iids: np.ndarray) -> list[list[bytes | None]]:
-        """:meth:`_get_by_iid` for several databases, read in one transaction (one snapshot)."""
+    def _get_by_iid_from(self, dbs, iids: np.ndarray, txn: lmdb.Transaction | None = None
+                         ) -> list[list[bytes | None]]:
+        """:meth:`_get_by_iid` for several databases, read in one transaction (one snapshot):
+        ``txn``, or a fresh one."""
         a = np.asarray(iids).ravel()
         if a.size == 0:
             return [[] for _ in dbs]
         a = a.astype(np.int64, copy=False)
         valid = (a >= 0) & (a < _IID_LIMIT)
-        keys = _be_keys(a[valid])
-        with self._txn() as txn:
+        all_valid = bool(valid.all())
+        keys = _be_keys(a if all_valid else a[valid])
+        if txn is None:
+            with self._txn() as txn:
+                founds = [txn.cursor(db=db).getmulti(keys) for db in dbs]
+        else:
             founds = [txn.cursor(db=db).getmulti(keys) for db in dbs]
         out = []
         for found in founds:
@@ -432,7 +438,7 @@ class LmdbStore:
                 out.append([v for _, v in found])
                 continue
             d = dict(found)
-            if valid.all():
+            if all_valid:
                 out.append([d.get(k) for k in keys])
                 continue
             it = iter(keys)
@@ -453,10 +459,20 @@ class LmdbStore:
         return decode_names(names), blobs
 
     def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
-                           ) -> tuple[list[str | None], list[bytes | None], bool]:
-        """:meth:`ids_and_fetch` and whether the iid counter moved past ``token``."""
-        names, blobs = self.ids_and_fetch(iids, field)
-        return names, blobs, self.iid_bound() > (0 if token is None else int(token))
+                           ) -> tuple[list[str | None], list[bytes | None], bool, int]:
+        """:meth:`ids_and_fetch`, whether the iid counter moved past ``token``, and the
+        snapshot's transaction id as the epoch: all from one snapshot."""
+        with self._txn() as txn:
+            names, blobs = self._get_by_iid_from((self._iid2ext, self._field_db(field)), iids, txn)
+            bound = self._get_u64(txn, self._counters, _NEXT_IID)
+            epoch = txn.id()
+        return decode_names(names), blobs, bound > (0 if token is None else int(token)), epoch
+
+    def news_and_epoch(self, token: object) -> tuple[bool, int]:
+        """Whether the iid counter moved past ``token``, and the epoch: LMDB's transaction
+        id, which grows with every committed write, so with every retirement."""
+        with self._txn() as txn:
+            return self._get_u64(txn, self._counters, _NEXT_IID) > (0 if token is None else int(token)), txn.id()
 
     def bucket_members(self, keys: Sequence[bytes] | np.ndarray) -> np.ndarray:
         """Members (uint32) of all these buckets concatenated, one entry per bucket hit.

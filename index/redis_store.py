@@ -10,6 +10,11 @@ Key layout (``P`` = prefix, ``s`` = id shard, ``t`` = bucket group)
   this one key instead of all ``S`` sequences. Layouts created on a Cluster (or
   by layout version 1) have no such key: a script there cannot reach it
   atomically, and readers sum the sequences instead.
+* ``{P}:retires`` — on a single server (layout 3), how many committed iids have
+  died (replaced or deleted), counted by the script that kills them. While it
+  stands still every name a reader has seen is still live, so a reader may
+  answer from its cache of names and metadata after one ``MGET`` of ``allocs``
+  and ``retires``, instead of reading its neighbours' records.
 * Per id shard ``s = crc32(external id) mod S`` (default ``S = 64``), all under
   the hash tag ``{P:s}`` so that one Lua script can touch them atomically,
   also on a Redis Cluster:
@@ -130,9 +135,10 @@ from index.store import (
 
 __all__ = ["RedisStore"]
 
-LAYOUT_VERSION = 2
-#: Layout versions this release reads (1: no server-wide allocation counter).
-_LAYOUTS_READ = (1, 2)
+LAYOUT_VERSION = 3
+#: Layout versions this release reads (1: no server-wide allocation counter; 2: no
+#: retirement counter).
+_LAYOUTS_READ = (1, 2, 3)
 _IID_LIMIT = 1 << 32
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 #: Chunk sizes: big blobs in hashes of 1024 fields; small ones (external id,
@@ -182,6 +188,7 @@ _UNAVAILABLE = (*_UNAVAILABLE, _Transient)
 
 _LUA_HELPERS = """
 local S, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local RETIRES = ARGV[5] == '1'        -- KEYS[5] counts retired iids (layout 3, one server)
 local function loc(iid, fam)
   local seq = math.floor(iid / S)
   local c = CB
@@ -195,6 +202,7 @@ local function bury(iid, sk)          -- journal a dead iid for bucket clean-up
   dead[#dead + 1] = sk
 end
 local function kill(iid)              -- a committed record dies: blobs go, sketch to gc
+  if RETIRES then redis.call('INCR', KEYS[5]) end
   local kk, kf = loc(iid, 'k')
   local sk = redis.call('HGET', kk, kf)
   if sk then bury(iid, sk) end
@@ -253,13 +261,13 @@ end
 return {first, olds, gc}
 """
 
-# KEYS: ids, pend, gc, n, chunk keys (declared).  ARGV: S, CB, CS, TAG, ngc,
-# <ngc cleaned gc iids>, then 8 per record: ext, iid, expected old, flags, vec, sk, nrff, meta.
+# KEYS: ids, pend, gc, n, [retires,] chunk keys (declared).  ARGV: S, CB, CS, TAG,
+# retires?, ngc, <ngc cleaned gc iids>, then 8 per record: ext, iid, expected old, flags, vec, sk, nrff, meta.
 # Status per record: 1 committed (info: old iid or -1), 2 cancelled, 3 conflict (info: current).
 _LUA_COMMIT = _LUA_HELPERS + """
-local ngc = tonumber(ARGV[5])
-for i = 1, ngc do redis.call('HDEL', KEYS[3], ARGV[5 + i]) end
-local base = 6 + ngc
+local ngc = tonumber(ARGV[6])
+for i = 1, ngc do redis.call('HDEL', KEYS[3], ARGV[6 + i]) end
+local base = 7 + ngc
 local status, info, added = {}, {}, 0
 for j = 0, (#ARGV - base + 1) / 8 - 1 do
   local a = base + 8 * j
@@ -300,12 +308,12 @@ if added > 0 then redis.call('INCRBY', KEYS[4], added) end
 return {status, info, dead}
 """
 
-# KEYS: ids, pend, gc, n, chunk keys of the expected iids.  ARGV: S, CB, CS, TAG,
-# then (ext, expected iid) pairs. Status: 0 absent, 1 deleted, 3 conflict (info: current).
+# KEYS: ids, pend, gc, n, [retires,] chunk keys of the expected iids.  ARGV: S, CB, CS,
+# TAG, retires?, then (ext, expected iid) pairs. Status: 0 absent, 1 deleted, 3 conflict (info: current).
 _LUA_DELETE = _LUA_HELPERS + """
 local status, info, removed = {}, {}, 0
-for j = 0, (#ARGV - 4) / 2 - 1 do
-  local ext, exp = ARGV[5 + 2 * j], tonumber(ARGV[6 + 2 * j])
+for j = 0, (#ARGV - 5) / 2 - 1 do
+  local ext, exp = ARGV[6 + 2 * j], tonumber(ARGV[7 + 2 * j])
   local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
   if cur ~= exp then
     status[j + 1], info[j + 1] = 3, cur
@@ -470,12 +478,12 @@ end
 return table.concat(out)
 """
 
-# An answer's reads on a single server: HMGETs of chunk hashes plus the sum of some
-# counters (``allocs``, or on a layout-1 index the shard sequences: for
+# An answer's reads on a single server: HMGETs of chunk hashes plus some counters
+# (``allocs`` and ``retires``, or on a layout-1 index the shard sequences: for
 # :meth:`RedisStore.ids_fetch_and_news`) as one command. Packing and parsing ~20
 # pipelined commands in redis-py cost more than the server's work. KEYS = n hash keys,
 # then the counters; ARGV[1] = n, ARGV[1 + i] = how many fields of KEYS[i] follow, then
-# the fields. Returns {values (false: absent), sum}.
+# the fields. Returns {values (false: absent), counter values (false: absent)}.
 _LUA_READS = """
 local n = tonumber(ARGV[1])
 local out, pos = {}, n + 2
@@ -485,13 +493,9 @@ for i = 1, n do
   for j = 1, c do out[#out + 1] = vals[j] end
   pos = pos + c
 end
-local sum = 0
-if #KEYS > n then
-  for _, v in ipairs(redis.call('MGET', unpack(KEYS, n + 1, #KEYS))) do
-    sum = sum + (tonumber(v) or 0)
-  end
-end
-return {out, sum}
+local counters = {}
+if #KEYS > n then counters = redis.call('MGET', unpack(KEYS, n + 1, #KEYS)) end
+return {out, counters}
 """
 
 #: A small write on a single server: step 2 (bucket additions, one call) and step 3
@@ -657,6 +661,7 @@ class RedisStore:
         self._config_key = f"{{{prefix}}}:config"
         self._layout_key = f"{{{prefix}}}:layout"
         self._allocs_key = f"{{{prefix}}}:allocs".encode()
+        self._retires_key = f"{{{prefix}}}:retires".encode()
         self._bucket_prefix = f"{prefix}:b:".encode()
         self._seq_key_list: list[bytes] = []
 
@@ -782,8 +787,10 @@ class RedisStore:
         r = self._r()
         raw = r.get(self._layout_key)
         if raw is None and create:
-            # the allocation counter needs every begin script to reach it: one server only
-            mine = json.dumps(dict(self._new_layout, allocs=not self._is_cluster), sort_keys=True)
+            # the allocation and retirement counters need every begin / commit / delete
+            # script to reach them: one server only
+            one = not self._is_cluster
+            mine = json.dumps(dict(self._new_layout, allocs=one, retires=one), sort_keys=True)
             raw = r.set(self._layout_key, mine, nx=True, get=True) or mine.encode()
         if raw is None:
             return None
@@ -796,12 +803,17 @@ class RedisStore:
                              f"{layout.get('version')!r}; this release reads "
                              f"{', '.join(map(str, _LAYOUTS_READ))}")
         layout.setdefault("allocs", False)
+        layout.setdefault("retires", False)
         if layout["allocs"] and self._is_cluster:
             raise StoreError(f"Redis index {self.prefix!r} was created on a single server: its "
                              "server-wide allocation counter cannot be kept on a Cluster "
                              "(a script there reaches one slot only); serve it from one server")
         self._layout = layout
         return layout
+
+    def _retire_counting(self, lay: dict) -> tuple[str, list[bytes]]:
+        """The commit / delete scripts' retirement-counter argument and key (layout 3)."""
+        return ("1", [self._retires_key]) if lay["retires"] else ("0", [])
 
     def _tag(self, s: int) -> str:
         return f"{{{self.prefix}:{s}}}:"
@@ -930,6 +942,7 @@ class RedisStore:
             self._pipeline(cmds)
 
         # 3. commit (per shard, atomic), retrying records whose id changed meanwhile.
+        ret_flag, ret_keys = self._retire_counting(lay)
         todo = {s: list(by_shard[s]) for s in shards}
         cleaned = {s: [g for g, _ in gc_found[s]] for s in shards}
         dead: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
@@ -940,7 +953,7 @@ class RedisStore:
                 ids_k, pend_k, gc_k, n_k, _ = self._shard_keys(s)
                 touched = [int(iids[p]) for p in ps] + [int(expected[p]) for p in ps]
                 ckeys = self._chunk_keys(touched, lay, s)
-                args = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s),
+                args = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s), ret_flag,
                         len(cleaned[s]), *cleaned[s]]
                 for p in ps:
                     meta = metas[p] if metas is not None else None
@@ -948,7 +961,7 @@ class RedisStore:
                     args += [exts[p].encode(), int(iids[p]), int(expected[p]), flags,
                              batch.vectors[rows[p]], sk_bytes[p],
                              nrff[p] if nrff is not None else b"", meta or b""]
-                cmd = self._eval("commit", [ids_k, pend_k, gc_k, n_k, *ckeys], args)
+                cmd = self._eval("commit", [ids_k, pend_k, gc_k, n_k, *ret_keys, *ckeys], args)
                 if fused is not None:
                     (bk, ba), (ck, ca) = _eval_parts(fused), _eval_parts(cmd)
                     cmd = self._eval("badd+commit", [*bk, *ck], [len(bk), len(ba), *ba, *ca])
@@ -1063,15 +1076,16 @@ class RedisStore:
         # Shards where nothing exists still run (cheaply): they cancel crashed attempts.
         removed = 0
         dead: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+        ret_flag, ret_keys = self._retire_counting(lay)
         for _round in range(32):
             cmds, order = [], []
             for s, es in todo.items():
                 ids_k, pend_k, gc_k, n_k, _ = self._shard_keys(s)
                 ckeys = self._chunk_keys([expected[e] for e in es], lay, s)
-                args: list[Any] = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s)]
+                args: list[Any] = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s), ret_flag]
                 for e in es:
                     args += [e.encode(), expected[e]]
-                cmds.append(self._eval("delete", [ids_k, pend_k, gc_k, n_k, *ckeys], args))
+                cmds.append(self._eval("delete", [ids_k, pend_k, gc_k, n_k, *ret_keys, *ckeys], args))
                 order.append(s)
             retry: dict[int, list[str]] = {}
             for s, (status, info, dl) in zip(order, self._pipeline(cmds), strict=True):
@@ -1199,47 +1213,66 @@ class RedisStore:
                 plan.append((out, pos[lo:hi]))
 
     def _answer_reads(self, iids: np.ndarray, fams: Sequence[str], counters: Sequence[bytes]
-                      ) -> tuple[list[list[bytes | None]], int]:
-        """Blobs of a few iids in ``fams``, and the sum of the ``counters``: one round trip.
+                      ) -> tuple[list[list[bytes | None]], list[int]]:
+        """Blobs of a few iids in ``fams``, and the values of the ``counters``: one round trip.
 
         On a single server, one script call; on a Cluster (keys in many slots), one
         pipeline of HMGETs and GETs.
         """
         outs, reads, fill = self._blob_reads(iids, fams)
         if not reads and not counters:  # nothing to read: no round trip
-            return outs, 0
+            return outs, []
         if self._is_cluster:
             replies = self._pipeline([("HMGET", key, *fields) for key, fields in reads]
                                      + [("GET", k) for k in counters])
             fill(replies[: len(reads)])
-            return outs, sum(int(v or 0) for v in replies[len(reads):])
+            return outs, [int(v or 0) for v in replies[len(reads):]]
         args: list[Any] = [len(reads), *[len(fields) for _, fields in reads]]
         for _, fields in reads:
             args += fields
-        flat, total = self._pipeline([self._eval("reads", [key for key, _ in reads] + list(counters),
-                                                 args)])[0]
+        flat, values_c = self._pipeline([self._eval("reads", [key for key, _ in reads] + list(counters),
+                                                    args)])[0]
         values, o = [], 0
         for _, fields in reads:
             values.append(flat[o: o + len(fields)])
             o += len(fields)
         fill(values)
-        return outs, int(total)
+        return outs, [int(v or 0) for v in values_c]
 
     @_unavailable
     def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
-                           ) -> tuple[list[str | None], list[bytes | None], bool]:
-        """:meth:`ids_and_fetch` and whether any shard sequence moved past ``token``: one round trip.
+                           ) -> tuple[list[str | None], list[bytes | None], bool, int | None]:
+        """:meth:`ids_and_fetch`, whether any shard sequence moved past ``token``, and the
+        retirement count (layout 3; None before): one round trip.
 
         Sequences only grow, so one moved past the token exactly when their sum did;
         on a single server that sum is one key, ``allocs``.
         """
         lay = self._get_layout(create=False)
         if lay is None:
-            return [None] * len(iids), [None] * len(iids), False
+            return [None] * len(iids), [None] * len(iids), False, None
         S = lay["shards"]
-        counters = [self._allocs_key] if lay["allocs"] else self._seq_keys(S)
-        (names, blobs), total = self._answer_reads(iids, ("x", self._family(field)), counters)
-        return decode_names(names), blobs, total > sum(self._token_seqs(token, S))
+        if lay["allocs"]:
+            counters = [self._allocs_key, self._retires_key] if lay["retires"] else [self._allocs_key]
+        else:
+            counters = self._seq_keys(S)
+        (names, blobs), values = self._answer_reads(iids, ("x", self._family(field)), counters)
+        if lay["retires"]:
+            allocs, epoch = values
+        else:
+            allocs, epoch = sum(values), None
+        return decode_names(names), blobs, allocs > sum(self._token_seqs(token, S)), epoch
+
+    @_unavailable
+    def news_and_epoch(self, token: object) -> tuple[bool, int | None]:
+        """Whether any iid was allocated since ``token``, and the retirement count: one
+        ``MGET`` of two counters (layout 3). Without that count (a Cluster, an older
+        layout): (True, None), so the caller falls back to :meth:`ids_fetch_and_news`."""
+        lay = self._get_layout(create=False)
+        if lay is None or not lay["retires"]:
+            return True, None
+        allocs, retires = self._pipeline([("MGET", self._allocs_key, self._retires_key)])[0]
+        return int(allocs or 0) > sum(self._token_seqs(token, lay["shards"])), int(retires or 0)
 
     @_unavailable
     def external_ids(self, iids: np.ndarray) -> list[str | None]:

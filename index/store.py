@@ -142,12 +142,22 @@ class Store(Protocol):
         """
 
     def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
-                           ) -> tuple[list[str | None], list[bytes | None], bool]:
+                           ) -> tuple[list[str | None], list[bytes | None], bool, int | None]:
         """:meth:`ids_and_fetch`, plus whether any iid was allocated since ``token``
-        (from :meth:`allocated_since`), in the same round trip.
+        (from :meth:`allocated_since`) and the epoch (see :meth:`news_and_epoch`), in
+        the same round trip and snapshot.
 
         Lets a reader answer from its sketch cache first and confirm it was
         current with the answer's own read, instead of a round trip before it.
+        """
+
+    def news_and_epoch(self, token: object) -> tuple[bool, int | None]:
+        """Whether any iid was allocated since ``token``, and the epoch: an integer that
+        grows whenever a live iid is retired (it may grow at other writes too), or None
+        where the store cannot tell. One cheap read.
+
+        While the epoch stands still, every name a reader has seen is still live: a
+        reader may then answer from its cache of names and metadata.
         """
 
     def scan(self, field: str, batch_size: int = 4096) -> Iterator[tuple[np.ndarray, list[bytes]]]:

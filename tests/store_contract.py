@@ -273,11 +273,34 @@ class StoreContract:
         assert store.ids_and_fetch(q, "vector") == (store.external_ids(q), want)
         assert store.ids_and_fetch(q[:0], "meta") == ([], [])
         _, token = store.allocated_since(None)
-        assert store.ids_fetch_and_news(q, "vector", token) == (store.external_ids(q), want, False)
-        assert store.ids_fetch_and_news(q[:0], "meta", token) == ([], [], False)
+        epoch = store.news_and_epoch(token)[1]
+        assert store.ids_fetch_and_news(q, "vector", token) == (store.external_ids(q), want, False, epoch)
+        assert store.ids_fetch_and_news(q[:0], "meta", token)[:3] == ([], [], False)
         assert store.ids_fetch_and_news(q, "vector", None)[2]  # allocations since the start
         store.upsert(make_batch(["w"], rng)[0], band_keys_of)
         assert store.ids_fetch_and_news(q[:0], "meta", token)[2]
+
+    def test_epoch_grows_with_every_retirement(self, store, rng):
+        """What lets a reader trust its cached names: a replacement or a delete moves the
+        epoch; a store that cannot count retirements says None everywhere."""
+        batch, _ = make_batch(["a", "b", "c"], rng)
+        store.upsert(batch, band_keys_of)
+        _, token = store.allocated_since(None)
+        news, e0 = store.news_and_epoch(token)
+        if e0 is None:  # no retirement count (a Redis Cluster, an older layout): never cached
+            assert store.ids_fetch_and_news(store.lookup(["a"]), "meta", token)[2:] == (False, None)
+            return
+        assert not news
+        assert store.ids_fetch_and_news(store.lookup(["a"]), "meta", token)[2:] == (False, e0)
+        store.upsert(make_batch(["b"], rng)[0], band_keys_of)  # b's old version dies
+        news, e1 = store.news_and_epoch(token)
+        assert news and e1 > e0
+        store.delete(["c"], band_keys_of)
+        e2 = store.news_and_epoch(token)[1]
+        assert e2 > e1
+        assert store.ids_fetch_and_news(store.lookup(["a"]), "meta", token)[2:] == (True, e2)
+        store.delete(["no-such-id"], band_keys_of)
+        assert store.news_and_epoch(token)[1] >= e2
 
     def test_lookup_order_duplicates_unicode(self, store, rng):
         ids = ["plain", "with space", "ünïcødé-ß-猫", "a/b:c{d}", "0"]

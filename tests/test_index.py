@@ -7,6 +7,7 @@ import sys
 import textwrap
 import uuid
 
+import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -274,6 +275,83 @@ def test_a_warm_redis_query_is_one_round_trip(redis_url, fmnist):  # noqa: F811
         trips.clear()
         ix.query(X[600], k=1)
         assert len(trips) == 1
+
+
+def test_cached_answer_names_die_with_their_vectors(location, fmnist):
+    """A reader answers from its cache of names while the store's epoch stands still; a
+    delete or replacement by another process moves the epoch, so the reader never answers
+    with a dead name or a replaced version's metadata (Index._result)."""
+    X, _, _, _ = fmnist
+    loc, opts = location
+
+    def other_process(code: str) -> None:
+        script = textwrap.dedent(f"""
+            import numpy as np
+            from index.index import Index
+            X = np.load({str(FMNIST_PATH)!r})["train"]
+            with Index.open({loc!r}, **{opts!r}) as ix:
+        """) + textwrap.indent(textwrap.dedent(code), "    ")
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+
+    with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as reader:
+        reader.upsert(_ids(0, 800), X[:800], metadata=[{"v": 1}] * 800)
+        reader.warm()
+        q = X[5]
+        first = reader.query(q, k=5)
+        reads = []
+        real = reader.store.ids_fetch_and_news
+        reader.store.ids_fetch_and_news = lambda *a: reads.append(1) or real(*a)
+        assert reader.query(q, k=5) == first and not reads  # answered from the cache
+        top, second = first.neighbors[0].id, first.neighbors[1].id
+        assert top == "v5"
+        other_process(f"ix.delete([{top!r}])")
+        after_delete = reader.query(q, k=5)
+        assert top not in [n.id for n in after_delete.neighbors] and reads
+        assert after_delete.neighbors[0].id == second
+        j = int(second[1:])
+        other_process(f"ix.upsert([{second!r}], X[{j}:{j + 1}], metadata=[{{'v': 2}}])")
+        replaced = reader.query(q, k=5)
+        assert replaced.neighbors[0].id == second and replaced.neighbors[0].metadata == {"v": 2}
+        assert [n.id for n in replaced.neighbors].count(second) == 1
+        assert reader.query(q, k=5) == replaced
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_query_batch_answers_as_single_queries(location, fmnist, threads):
+    """The batched kernel (parallel over queries or serial) and the batch's one answer read
+    give exactly the single queries' answers, also with retired versions still cached."""
+    X, _, Q, _ = fmnist
+    with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as ix:
+        ix.upsert(_ids(0, 1500), X[:1500], metadata=[{"i": i} for i in range(1500)])
+        ix.warm()
+        deleted = set(_ids(0, 1500)[::7])
+        ix.delete(sorted(deleted))
+        replaced = _ids(1, 1500)[::9]
+        ix.upsert(replaced, X[1500:1500 + len(replaced)])
+        current = {f"v{i}": X[i] for i in range(1500)} | {r: X[1500 + j] for j, r in enumerate(replaced)}
+        deleted -= set(replaced)  # deleted, then inserted again
+        batches = []
+        real = ix._lsh_fused_batch
+        ix._lsh_fused_batch = lambda *a: batches.append(1) or real(*a)
+        numba.set_num_threads(threads)
+        try:
+            first = ix.query_batch(Q[:40], k=7, min_similarity=0.3)  # meets the retired versions
+            single = [ix.query(q, k=7, min_similarity=0.3) for q in Q[:40]]
+            again = ix.query_batch(Q[:40], k=7, min_similarity=0.3)  # names cached now
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        assert batches and again == single
+        gone = {r.neighbors[0].id for r in single[:5]}
+        ix.delete(sorted(gone))  # names the batch path has cached die
+        assert not gone & {n.id for r in ix.query_batch(Q[:40], k=7, min_similarity=0.3) for n in r.neighbors}
+        # the first batch met retired versions (a scan may rank them; they are skipped and
+        # forgotten), so its candidates differ, but it names live, current versions only
+        for q, r in zip(Q[:40], first, strict=True):
+            assert r.neighbors and not deleted & {n.id for n in r.neighbors}
+            for n in r.neighbors:
+                assert n.similarity == pytest.approx(gmm(q, current[n.id]), abs=1e-9)
+        assert all(n.metadata is None or n.metadata["i"] == int(n.id[1:]) for r in single for n in r.neighbors)
 
 
 def test_bad_input_changes_nothing(location):

@@ -615,7 +615,8 @@ def test_cluster_autodetected_and_spread(redis_cluster_url, redis_prefix, rng): 
     assert len(per_node) == 3 and all(c > 0 for c in per_node), per_node
     assert_matches(store, model)
     assert_consistent(store)
-    assert json.loads(r.get(store._layout_key))["allocs"] is False  # no counter on a Cluster
+    layout = json.loads(r.get(store._layout_key))
+    assert layout["allocs"] is False and layout["retires"] is False  # no counters on a Cluster
     r.close()
     store.close()
 
@@ -698,7 +699,7 @@ def test_allocation_counter_is_the_sum_of_the_shard_sequences(redis_url, redis_p
     other = RedisStore(redis_url, prefix=redis_prefix)  # another process's writer
     batch, recs = make_batch(["late"], rng)
     model.upsert(other, batch, recs)
-    names, _, news = st.ids_fetch_and_news(st.lookup(["single0"]), "meta", token)
+    names, _, news, _ = st.ids_fetch_and_news(st.lookup(["single0"]), "meta", token)
     assert names == ["single0"] and news, "a vector added by another writer went unnoticed"
     assert int(st._r().get(st._allocs_key)) == _seq_sum(st)
     assert_matches(st, model)
@@ -721,7 +722,8 @@ def test_a_version_1_layout_checks_news_by_the_shard_sequences(redis_url, redis_
     assert not st.ids_fetch_and_news(iids, "meta", token)[2]
     batch, recs = make_batch(["v-late"], rng)
     model.upsert(RedisStore(redis_url, prefix=redis_prefix), batch, recs)
-    assert st.ids_fetch_and_news(iids, "meta", token)[2]
+    assert st.ids_fetch_and_news(iids, "meta", token)[2:] == (True, None)
+    assert st.news_and_epoch(token) == (True, None)  # no retirement count: readers never cache names
     assert_matches(st, model)
     st.close()
 
