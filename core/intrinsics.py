@@ -1,4 +1,4 @@
-"""LLVM intrinsics numba does not expose: population count, trailing zeros and cache prefetch.
+"""LLVM intrinsics numba does not expose: population count and cache prefetch.
 
 Plain functions usable inside ``@njit`` code; each compiles to one instruction.
 """
@@ -22,20 +22,6 @@ def popcount(typingctx, x):
     def codegen(context, builder, signature, args):
         fn = builder.module.declare_intrinsic("llvm.ctpop", [ir.IntType(64)])
         return builder.call(fn, args)
-
-    return sig, codegen
-
-
-@intrinsic
-def trailing_zeros(typingctx, x):
-    """LLVM's cttz (TZCNT / BSF): the index of the lowest set bit of a non-zero uint64."""
-    sig = types.uint64(types.uint64)
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(i64, [i64, ir.IntType(1)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
-        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 0)])  # 0: defined (64) for x = 0
 
     return sig, codegen
 
