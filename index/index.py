@@ -64,6 +64,13 @@ DEFAULT_CANDIDATES = 200
 DEFAULT_CACHE_BYTES = 1 << 30
 
 
+def _ranked(iids: np.ndarray, sims: np.ndarray, min_similarity: float):
+    """(iids, sims) at or above ``min_similarity``, and their order best first (ties by position)."""
+    keep = sims >= min_similarity
+    iids, sims = iids[keep], sims[keep]
+    return iids, sims, np.argsort(-sims, kind="stable")
+
+
 class UnknownIdError(KeyError):
     """No vector is stored under this external id (the service answers 404)."""
 
@@ -836,9 +843,7 @@ class Index:
         still equals the one the names were read at (no iid retired since).
         """
         scored = int(iids.shape[0])
-        keep = sims >= min_similarity
-        iids, sims = iids[keep], sims[keep]
-        order = np.argsort(-sims, kind="stable")
+        iids, sims, order = _ranked(iids, sims, min_similarity)
         epoch, known = self._answers.snapshot()
         if epoch is not None:
             cached = self._cached_neighbors(iids, sims, order, k, known, exclude_id)
@@ -887,11 +892,7 @@ class Index:
                     return None
                 results.append(result)
             return results
-        ranked = []
-        for iids, sims in found:
-            keep = sims >= min_similarity
-            iids, sims = iids[keep], sims[keep]
-            ranked.append((iids, sims, np.argsort(-sims, kind="stable")))
+        ranked = [_ranked(iids, sims, min_similarity) for iids, sims in found]
         tops = np.unique(np.concatenate([iids[order[:k]] for iids, _, order in ranked] + [np.zeros(0, np.int64)]))
         missing = np.array([i for i in tops.tolist() if i not in known], dtype=np.int64)
         if missing.shape[0]:

@@ -427,11 +427,8 @@ class LmdbStore:
         valid = (a >= 0) & (a < _IID_LIMIT)
         all_valid = bool(valid.all())
         keys = _be_keys(a if all_valid else a[valid])
-        if txn is None:
-            with self._txn() as txn:
-                founds = [txn.cursor(db=db).getmulti(keys) for db in dbs]
-        else:
-            founds = [txn.cursor(db=db).getmulti(keys) for db in dbs]
+        with self._txn() if txn is None else contextlib.nullcontext(txn) as t:
+            founds = [t.cursor(db=db).getmulti(keys) for db in dbs]
         out = []
         for found in founds:
             if len(found) == a.size:

@@ -41,6 +41,20 @@ def _ids(a, b):
     return [f"v{i}" for i in range(a, b)]
 
 
+def _in_another_process(location, code: str) -> None:
+    """Run ``code`` in a fresh Python process with ``ix`` open on the same index (and ``X``,
+    the Fashion-MNIST train vectors): another process's writes, not this one's."""
+    loc, opts = location
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from index.index import Index
+        X = np.load({str(FMNIST_PATH)!r})["train"]
+        with Index.open({loc!r}, **{opts!r}) as ix:
+    """) + textwrap.indent(textwrap.dedent(code), "    ")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
 def _answers(ix, Q, mode="lsh"):
     return [[(n.id, round(n.similarity, 12)) for n in ix.query(q, k=10, mode=mode).neighbors] for q in Q]
 
@@ -230,21 +244,14 @@ def test_sparse_high_dimensional_and_signed(location):
 def test_scan_sees_vectors_written_by_another_process(location, fmnist):
     """A warmed-up reader's sketch scan picks up vectors another process inserts later."""
     X, _, _, _ = fmnist
-    loc, opts = location
     with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as ix:
         ix.upsert(_ids(0, 300), X[:300])
         ix.warm()
         assert ix.query(X[400], k=1).neighbors[0].id != "v400"
-        script = textwrap.dedent(f"""
-            import numpy as np
-            from index.index import Index
-            X = np.load({str(FMNIST_PATH)!r})["train"]
-            with Index.open({loc!r}, **{opts!r}) as ix:
-                for i in range(300, 460):  # one at a time: every Redis shard gets its turn
-                    ix.upsert([f"v{{i}}"], X[i : i + 1])
+        _in_another_process(location, """
+            for i in range(300, 460):  # one at a time: every Redis shard gets its turn
+                ix.upsert([f"v{i}"], X[i : i + 1])
         """)
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
         for i in range(300, 460, 7):
             top = ix.query(X[i], k=1).neighbors[0]
             assert top.id == f"v{i}" and top.similarity == pytest.approx(1.0)
@@ -282,18 +289,6 @@ def test_cached_answer_names_die_with_their_vectors(location, fmnist):
     delete or replacement by another process moves the epoch, so the reader never answers
     with a dead name or a replaced version's metadata (Index._result)."""
     X, _, _, _ = fmnist
-    loc, opts = location
-
-    def other_process(code: str) -> None:
-        script = textwrap.dedent(f"""
-            import numpy as np
-            from index.index import Index
-            X = np.load({str(FMNIST_PATH)!r})["train"]
-            with Index.open({loc!r}, **{opts!r}) as ix:
-        """) + textwrap.indent(textwrap.dedent(code), "    ")
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-
     with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as reader:
         reader.upsert(_ids(0, 800), X[:800], metadata=[{"v": 1}] * 800)
         reader.warm()
@@ -305,12 +300,12 @@ def test_cached_answer_names_die_with_their_vectors(location, fmnist):
         assert reader.query(q, k=5) == first and not reads  # answered from the cache
         top, second = first.neighbors[0].id, first.neighbors[1].id
         assert top == "v5"
-        other_process(f"ix.delete([{top!r}])")
+        _in_another_process(location, f"ix.delete([{top!r}])")
         after_delete = reader.query(q, k=5)
         assert top not in [n.id for n in after_delete.neighbors] and reads
         assert after_delete.neighbors[0].id == second
         j = int(second[1:])
-        other_process(f"ix.upsert([{second!r}], X[{j}:{j + 1}], metadata=[{{'v': 2}}])")
+        _in_another_process(location, f"ix.upsert([{second!r}], X[{j}:{j + 1}], metadata=[{{'v': 2}}])")
         replaced = reader.query(q, k=5)
         assert replaced.neighbors[0].id == second and replaced.neighbors[0].metadata == {"v": 2}
         assert [n.id for n in replaced.neighbors].count(second) == 1

@@ -4,6 +4,7 @@ processes, a server SIGKILLed mid-batch, connection loss and reconnection, memor
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -356,6 +357,26 @@ def test_server_sigkilled_mid_batch_then_retry_completes(redis_server, redis_pre
     store.close()
 
 
+@contextlib.contextmanager
+def _connection_lost_at(monkeypatch, store: RedisStore, round_trip: int):
+    """The store's connection drops on the block's ``round_trip``-th round trip (a writer
+    crashing there): the block must raise StoreUnavailable; the connection is back after."""
+    real = store._pipeline
+    calls = itertools.count(1)
+
+    def dying(cmds):
+        if next(calls) == round_trip:
+            raise redis.exceptions.ConnectionError("simulated connection loss")
+        return real(cmds)
+
+    monkeypatch.setattr(store, "_pipeline", dying)
+    try:
+        with pytest.raises(StoreUnavailable):
+            yield
+    finally:
+        monkeypatch.setattr(store, "_pipeline", real)
+
+
 @pytest.mark.parametrize("fail_at", [1, 2, 3, 4, 5])
 def test_interrupted_upsert_at_every_step_recovers(redis_url, redis_prefix, rng, monkeypatch,  # noqa: F811
                                                    fail_at):
@@ -366,18 +387,8 @@ def test_interrupted_upsert_at_every_step_recovers(redis_url, redis_prefix, rng,
     model.upsert(store, batch, recs)
     batch2, recs2 = make_batch([f"u{i}" for i in range(30, 90)], rng, tag="v2",
                                sketches=None)
-    real = store._pipeline
-    calls = itertools.count(1)
-
-    def dying(cmds):
-        if next(calls) == fail_at:
-            raise redis.exceptions.ConnectionError("simulated connection loss")
-        return real(cmds)
-
-    monkeypatch.setattr(store, "_pipeline", dying)
-    with pytest.raises(StoreUnavailable):
+    with _connection_lost_at(monkeypatch, store, fail_at):
         store.upsert(batch2, band_keys_of)
-    monkeypatch.setattr(store, "_pipeline", real)
     visible = assert_consistent(store, complete=False)
     assert {f"u{i}" for i in range(60)} <= set(visible)
     store.upsert(batch2, band_keys_of)
@@ -396,18 +407,8 @@ def test_interrupted_single_replacement_recovers(redis_url, redis_prefix, rng, m
     batch, recs = make_batch(["one"], rng, tag="v1")
     model.upsert(store, batch, recs)
     batch2, recs2 = make_batch(["one"], rng, tag="v2")
-    real = store._pipeline
-    calls = itertools.count(1)
-
-    def dying(cmds):
-        if next(calls) == fail_at:
-            raise redis.exceptions.ConnectionError("simulated connection loss")
-        return real(cmds)
-
-    monkeypatch.setattr(store, "_pipeline", dying)
-    with pytest.raises(StoreUnavailable):
+    with _connection_lost_at(monkeypatch, store, fail_at):
         store.upsert(batch2, band_keys_of)
-    monkeypatch.setattr(store, "_pipeline", real)
     assert set(assert_consistent(store, complete=False)) == {"one"}
     model.upsert(store, batch2, recs2)  # the retry
     assert_matches(store, model)
@@ -421,18 +422,8 @@ def test_interrupted_delete_recovers(redis_url, redis_prefix, rng, monkeypatch, 
     model = Model()
     batch, recs = make_batch([f"d{i}" for i in range(40)], rng)
     model.upsert(store, batch, recs)
-    real = store._pipeline
-    calls = itertools.count(1)
-
-    def dying(cmds):
-        if next(calls) == fail_at:
-            raise redis.exceptions.ConnectionError("simulated connection loss")
-        return real(cmds)
-
-    monkeypatch.setattr(store, "_pipeline", dying)
-    with pytest.raises(StoreUnavailable):
+    with _connection_lost_at(monkeypatch, store, fail_at):
         store.delete([f"d{i}" for i in range(10)], band_keys_of)
-    monkeypatch.setattr(store, "_pipeline", real)
     assert_consistent(store, complete=False)
     store.delete([f"d{i}" for i in range(10)], band_keys_of)
     for i in range(10):
@@ -450,13 +441,8 @@ def test_abandoned_attempts_are_collected(redis_url, redis_prefix, rng, monkeypa
     """A writer that crashed and never retried: collect_garbage cancels its stale attempts."""
     store = RedisStore(redis_url, prefix=redis_prefix, shards=4)
     batch, _ = make_batch([f"g{i}" for i in range(20)], rng)
-    real = store._pipeline
-    calls = itertools.count(1)
-    monkeypatch.setattr(store, "_pipeline", lambda cmds: real(cmds) if next(calls) < 3
-                        else (_ for _ in ()).throw(redis.exceptions.ConnectionError("gone")))
-    with pytest.raises(StoreUnavailable):
+    with _connection_lost_at(monkeypatch, store, 3):
         store.upsert(batch, band_keys_of)
-    monkeypatch.setattr(store, "_pipeline", real)
     assert store.count() == 0
     assert journal_sizes(store)[0] == 20
     assert sum(len(m) for _, m in store.scan_buckets()) == 20 * N_BANDS  # invisible leftovers
@@ -684,14 +670,9 @@ def test_allocation_counter_is_the_sum_of_the_shard_sequences(redis_url, redis_p
         model.upsert(st, one, one_recs)
         model.delete(st, [f"a{round_}-{i}" for i in range(0, 60, 11)])
     # a writer that dies after begin: its iids are allocated, never committed
-    real = st._pipeline
-    calls = itertools.count(1)
-    monkeypatch.setattr(st, "_pipeline", lambda cmds: real(cmds) if next(calls) < 2
-                        else (_ for _ in ()).throw(redis.exceptions.ConnectionError("gone")))
     ghost, _ = make_batch(["ghost"], rng)
-    with pytest.raises(StoreUnavailable):
+    with _connection_lost_at(monkeypatch, st, 2):
         st.upsert(ghost, band_keys_of)
-    monkeypatch.setattr(st, "_pipeline", real)
     allocs = int(st._r().get(st._allocs_key))
     assert allocs == _seq_sum(st) > 0
     _, token = st.allocated_since(None)
