@@ -44,6 +44,7 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
             "no",
         ],
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # a pipe held open by the server would outlive the caller
     )
     r = redis.Redis(port=port)
     for _ in range(100):

@@ -53,6 +53,22 @@ Key layout (``P`` = prefix, ``s`` = id shard, ``t`` = bucket group)
     script reads and writes each group with one HMGET and one HSET.
     ``G`` is fixed when the index is created; for indexes far beyond a million
     vectors a larger ``bucket_groups`` keeps the group hashes smaller.
+* Spilled buckets (layout 4, single server): a bucket longer than ``spill``
+  bytes (default 512: 128 iids) moves to its own string key
+  ``{P:b:<t>}<band key>``, and its field keeps ``''`` as a marker. Adding to a
+  hash field rewrites the whole value, so a big bucket made every insert O(its
+  size) — O(n) per vector as the index grows; a spilled bucket takes an
+  ``APPEND``. Few buckets grow that big (of 60,000 Fashion-MNIST vectors' buckets,
+  the 1.4 % with ≥ 64 entries hold 59 % of all entries), so the extra keys cost
+  little memory. The scripts reach spilled keys without declaring them, which only
+  a single server allows (a spilled key does share its group's slot).
+* ``{P}:r:<random>`` — receipts (layout 4, single server): every bucket-addition
+  call first sets its own receipt (``SET NX``, expiring after ``max(120 s, 10 ×
+  socket timeout)``); a call that finds its receipt set is a replay and adds
+  nothing. ``APPEND`` cannot skip an iid already present, as the older
+  layouts' check did by searching the bucket. On a Cluster a call covers one
+  group, so receipts would cost a key per group per batch: Cluster layouts
+  neither spill nor take receipts.
 
 Write protocol (upsert): 3 round trips for new ids, 5 when records get replaced
 -------------------------------------------------------------------------------
@@ -81,8 +97,9 @@ record is gone, and :meth:`fetch` / :meth:`external_ids` return None for it
 retrying the batch completes it with exact counts and no stale bucket entries —
 or by :meth:`RedisStore.collect_garbage`. Every write is safe to replay (redis-py
 resends a pipeline after a dropped connection): a replayed begin only wastes
-iids, bucket additions skip iids already present, a replayed commit sees itself
-already applied (only a replayed delete may under-count what it removed).
+iids, a replayed bucket addition finds its receipt (older layouts and Clusters:
+skips iids already present), a replayed commit sees itself already applied (only
+a replayed delete may under-count what it removed).
 Two writers replacing the *same* id at once: the first commit cancels the other
 attempt, whose record is dropped — linearised just before the winner, which is
 legitimate since the two calls overlapped. A delete (lookup, delete script,
@@ -101,6 +118,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import threading
 import zlib
@@ -135,10 +153,10 @@ from index.store import (
 
 __all__ = ["RedisStore"]
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 #: Layout versions this release reads (1: no server-wide allocation counter; 2: no
-#: retirement counter).
-_LAYOUTS_READ = (1, 2, 3)
+#: retirement counter; 3: no spilled buckets, no receipts).
+_LAYOUTS_READ = (1, 2, 3, 4)
 _IID_LIMIT = 1 << 32
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 #: Chunk sizes: big blobs in hashes of 1024 fields; small ones (external id,
@@ -152,6 +170,8 @@ _ALL_FAMILIES = ("v", "k", "f", "m", "x")
 _GROUP_CALL_KEYS = 512
 #: Buckets per script call on a single server (bounds the time one call blocks it).
 _CALL_BUCKETS = 4096
+#: Default bucket length (bytes, 4 per iid) beyond which a bucket spills into its own key.
+_SPILL_BYTES = 512
 #: Records per internal write chunk (bounds memory and script run time).
 _WRITE_CHUNK = 2048
 #: gc entries a *begin* hands back per shard for clean-up.
@@ -185,8 +205,22 @@ _UNAVAILABLE = (*_UNAVAILABLE, _Transient)
 # Lua numbers are doubles: iids (< 2^32) are exact, and ``tostring`` of an
 # integral double prints it without a decimal point (the Python side builds the
 # same key names). ``struct`` and ``TIME`` are available to Redis ≥ 5 scripts.
+# Scripts read and write a call's records with one multi-argument command per key
+# (a redis.call costs ~1 µs beyond its work); ``many`` slices the arguments, as
+# ``unpack`` is limited to a few thousand values.
 
-_LUA_HELPERS = """
+_LUA_MANY = """
+local function many(cmd, key, args)    -- cmd key args..., in slices; replies joined
+  local out = {}
+  for lo = 1, #args, 4000 do
+    local r = redis.call(cmd, key, unpack(args, lo, math.min(#args, lo + 3999)))
+    if type(r) == 'table' then for i = 1, #r do out[#out + 1] = r[i] end end
+  end
+  return out
+end
+"""
+
+_LUA_HELPERS = _LUA_MANY + """
 local S, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local RETIRES = ARGV[5] == '1'        -- KEYS[5] counts retired iids (layout 3, one server)
 local function loc(iid, fam)
@@ -235,7 +269,7 @@ end
 """
 
 # KEYS: seq, pend, gc, ids.  ARGV: S, s, gc_max, then (ext, sketch) pairs.
-_LUA_BEGIN = """
+_LUA_BEGIN = _LUA_MANY + """
 local S, s, gcmax = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local m = (#ARGV - 3) / 2
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -245,13 +279,18 @@ end
 local first = redis.call('INCRBY', KEYS[1], m) - m
 if #KEYS > 4 then redis.call('INCRBY', KEYS[5], m) end
 local now = tonumber(redis.call('TIME')[1])
-local olds = {}
-for j = 0, m - 1 do
-  local ext, sk = ARGV[4 + 2 * j], ARGV[5 + 2 * j]
-  local entry = struct.pack('<I4I4I2', (first + j) * S + s, now, #sk) .. sk
-  redis.call('HSET', KEYS[2], ext, (redis.call('HGET', KEYS[2], ext) or '') .. entry)
-  olds[j + 1] = tonumber(redis.call('HGET', KEYS[4], ext) or '-1')
+local exts = {}
+for j = 1, m do exts[j] = ARGV[2 + 2 * j] end
+local ps, ids = many('HMGET', KEYS[2], exts), many('HMGET', KEYS[4], exts)
+local journal, olds = {}, {}
+for j = 1, m do
+  local sk = ARGV[3 + 2 * j]
+  local entry = struct.pack('<I4I4I2', (first + j - 1) * S + s, now, #sk) .. sk
+  journal[2 * j - 1] = exts[j]
+  journal[2 * j] = (ps[j] or '') .. entry
+  olds[j] = tonumber(ids[j] or '-1')
 end
+many('HSET', KEYS[2], journal)
 local gc = {}
 local n = redis.call('HLEN', KEYS[3])
 if n > 0 then
@@ -268,42 +307,54 @@ _LUA_COMMIT = _LUA_HELPERS + """
 local ngc = tonumber(ARGV[6])
 for i = 1, ngc do redis.call('HDEL', KEYS[3], ARGV[6 + i]) end
 local base = 7 + ngc
-local status, info, added = {}, {}, 0
-for j = 0, (#ARGV - base + 1) / 8 - 1 do
-  local a = base + 8 * j
-  local ext, iid, exp, flags = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]
-  local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
+local m = (#ARGV - base + 1) / 8
+local exts = {}
+for j = 1, m do exts[j] = ARGV[base + 8 * (j - 1)] end
+local curs, ps = many('HMGET', KEYS[1], exts), many('HMGET', KEYS[2], exts)
+local blobs, keys = {}, {}           -- chunk key -> {field, blob, ...}: one HSET per key
+local function put(iid, fam, blob)
+  local k, f = loc(iid, fam)
+  local t = blobs[k]
+  if not t then t = {}; blobs[k] = t; keys[#keys + 1] = k end
+  t[#t + 1] = f; t[#t + 1] = blob
+end
+local status, info, added, idmap, settled = {}, {}, 0, {}, {}
+for j = 1, m do
+  local a = base + 8 * (j - 1)
+  local ext, iid, exp, flags = exts[j], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]
+  local cur = tonumber(curs[j] or '-1')
   if cur == iid then                       -- a replay of a commit that already happened
-    status[j + 1], info[j + 1] = 1, -1
+    status[j], info[j] = 1, -1
   else
-    local p = redis.call('HGET', KEYS[2], ext)
-    local mine = false
-    if p then
-      local a = attempts(p)
-      for i = 1, #a, 3 do if a[i] == iid then mine = true end end
+    local tries, mine = {}, false
+    if ps[j] then
+      tries = attempts(ps[j])
+      for i = 1, #tries, 3 do if tries[i] == iid then mine = true end end
     end
     if not mine then                       -- cancelled by another commit/delete of this id
       bury(iid, ARGV[a + 5])
-      status[j + 1], info[j + 1] = 2, -1
+      status[j], info[j] = 2, -1
     elseif cur ~= exp then                 -- replaced meanwhile: the caller retries with cur
-      status[j + 1], info[j + 1] = 3, cur
+      status[j], info[j] = 3, cur
     else
-      cancel_pending(ext, iid)
-      local k, f = loc(iid, 'v'); redis.call('HSET', k, f, ARGV[a + 4])
-      k, f = loc(iid, 'k'); redis.call('HSET', k, f, ARGV[a + 5])
-      if string.find(flags, 'f', 1, true) then
-        k, f = loc(iid, 'f'); redis.call('HSET', k, f, ARGV[a + 6])
+      for i = 1, #tries, 3 do              -- other attempts for this id die
+        if tries[i] ~= iid then bury(tries[i], tries[i + 2]) end
       end
-      if string.find(flags, 'm', 1, true) then
-        k, f = loc(iid, 'm'); redis.call('HSET', k, f, ARGV[a + 7])
-      end
-      k, f = loc(iid, 'x'); redis.call('HSET', k, f, ext)
-      redis.call('HSET', KEYS[1], ext, iid)
+      settled[#settled + 1] = ext
+      put(iid, 'v', ARGV[a + 4])
+      put(iid, 'k', ARGV[a + 5])
+      if string.find(flags, 'f', 1, true) then put(iid, 'f', ARGV[a + 6]) end
+      if string.find(flags, 'm', 1, true) then put(iid, 'm', ARGV[a + 7]) end
+      put(iid, 'x', ext)
+      idmap[#idmap + 1] = ext; idmap[#idmap + 1] = iid
       if cur >= 0 then kill(cur) else added = added + 1 end
-      status[j + 1], info[j + 1] = 1, cur
+      status[j], info[j] = 1, cur
     end
   end
 end
+if #settled > 0 then many('HDEL', KEYS[2], settled) end
+for _, k in ipairs(keys) do many('HSET', k, blobs[k]) end
+if #idmap > 0 then many('HSET', KEYS[1], idmap) end
 if added > 0 then redis.call('INCRBY', KEYS[4], added) end
 return {status, info, dead}
 """
@@ -376,6 +427,9 @@ return moved
 _LUA_FRAMES = """
 local kb, per, fields, counts, payload = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local off, nb = 1, 0
+local function spilled(g, f)          -- a spilled bucket's key: in its group's slot
+  return '{' .. KEYS[g] .. '}' .. f
+end
 local function group(g)               -- group g's band keys and their iids
   local n = struct.unpack('<I4', per, 4 * g - 3)
   local fs, ids = {}, {}
@@ -390,14 +444,35 @@ local function group(g)               -- group g's band keys and their iids
 end
 """
 
-# The iids of one call are new, so finding the first one already there means a replay.
+# Layout 4 (single server): a call first sets its receipt (the last of KEYS, with a TTL
+# of ARGV[7] s); finding it already set means the call is a replay, which adds nothing. A
+# bucket longer than ARGV[6] bytes moves to its own string key (spilled: the field
+# keeps '' as a marker) and later additions APPEND to it, so adding to a big bucket costs
+# O(added) instead of a rewrite of the bucket. Older layouts and Clusters (ARGV[6] = 0):
+# the iids of one call are new, so finding the first one already there means a replay.
 _LUA_BUCKET_ADD = _LUA_FRAMES + """
-for g = 1, #KEYS do
+local spill, ng = tonumber(ARGV[6]), #KEYS
+if spill > 0 then
+  ng = ng - 1
+  if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', ARGV[7]) then return -1 end
+end
+for g = 1, ng do
   local fs, adds, curs = group(g)
   local out = {}
   for j = 1, #fs do
     local cur, add = curs[j], adds[j]
-    if not cur then
+    if spill > 0 then
+      if cur == '' then
+        redis.call('APPEND', spilled(g, fs[j]), add)
+      else
+        local new = cur and cur .. add or add
+        if #new > spill then
+          redis.call('SET', spilled(g, fs[j]), new)
+          new = ''
+        end
+        out[#out + 1] = fs[j]; out[#out + 1] = new
+      end
+    elseif not cur then
       out[#out + 1] = fs[j]; out[#out + 1] = add
     else
       local first, pos, dup = string.sub(add, 1, 4), 1, false
@@ -416,6 +491,7 @@ return nb
 """
 
 # Every copy of an iid goes (there is none, short of a bug, but the clean-up must be total).
+# A spilled bucket stays spilled until it is empty.
 _LUA_BUCKET_REMOVE = _LUA_FRAMES + """
 local removed = 0
 for g = 1, #KEYS do
@@ -423,6 +499,8 @@ for g = 1, #KEYS do
   local set, gone = {}, {}
   for j = 1, #fs do
     local cur, rm = curs[j], rms[j]
+    local big = cur == ''
+    if big then cur = redis.call('GET', spilled(g, fs[j])) or '' end
     if cur then
       local out = cur
       if #rm <= 16 then
@@ -449,8 +527,13 @@ for g = 1, #KEYS do
         end
         out = table.concat(keep)
       end
-      if #out == 0 then gone[#gone + 1] = fs[j]
-      elseif #out ~= #cur then set[#set + 1] = fs[j]; set[#set + 1] = out end
+      if #out == 0 then
+        gone[#gone + 1] = fs[j]
+        if big then redis.call('DEL', spilled(g, fs[j])) end
+      elseif #out ~= #cur then
+        if big then redis.call('SET', spilled(g, fs[j]), out)
+        else set[#set + 1] = fs[j]; set[#set + 1] = out end
+      end
     end
   end
   if #set > 0 then redis.call('HSET', KEYS[g], unpack(set)) end
@@ -463,17 +546,25 @@ return removed
 # string: one command instead of one HMGET per bucket group (the client-side cost
 # of packing ~80 commands per query exceeded the server's). Single server only:
 # on a Cluster the group keys live in many slots.
+# Spilled buckets (layout 4) are read with one MGET at the end.
 # KEYS = group keys; ARGV[i] = how many fields of KEYS[i] follow; then the fields.
 _LUA_BGET = """
-local out = {}
+local out, big = {}, {}
 local pos = #KEYS + 1
 for i = 1, #KEYS do
   local n = tonumber(ARGV[i])
   local vals = redis.call('HMGET', KEYS[i], unpack(ARGV, pos, pos + n - 1))
   for j = 1, n do
-    if vals[j] then out[#out + 1] = vals[j] end
+    local v = vals[j]
+    if v == '' then big[#big + 1] = '{' .. KEYS[i] .. '}' .. ARGV[pos + j - 1]
+    elseif v then out[#out + 1] = v end
   end
   pos = pos + n
+end
+if #big > 0 then
+  for _, v in ipairs(redis.call('MGET', unpack(big))) do
+    if v then out[#out + 1] = v end
+  end
 end
 return table.concat(out)
 """
@@ -564,6 +655,15 @@ def _groups_of(keys: np.ndarray, groups: int) -> np.ndarray:
     return (h % np.uint64(groups)).astype(np.int64)
 
 
+def _key_words(keys: np.ndarray) -> np.ndarray:
+    """Band keys (rows of uint8) as rows of uint64 words, zero-padded: sorting by the
+    words groups equal keys with a few sort keys instead of one per byte."""
+    n, kb = keys.shape
+    padded = np.zeros((n, -(-kb // 8) * 8), dtype=np.uint8)
+    padded[:, :kb] = keys
+    return padded.view(np.uint64)
+
+
 def _rows(a: np.ndarray) -> list[bytes]:
     """Rows of a 2-D array as ``bytes`` each (no per-row Python arithmetic)."""
     a = np.ascontiguousarray(a)
@@ -610,8 +710,9 @@ class RedisStore:
     ``url``: ``redis://[user:password@]host:port[/db]`` or ``rediss://`` (TLS).
     ``prefix`` names the index (letters, digits, ``_ . -``): several indexes share
     one Redis. ``cluster``: True / False, or None to ask the server. ``shards``
-    (id shards) and ``bucket_groups`` only matter when the index is created;
-    afterwards the stored layout wins. ``client_kwargs`` go to redis-py.
+    (id shards), ``bucket_groups`` and ``spill_bytes`` (bucket length beyond which
+    a bucket moves to its own key; single server only) only matter when the index
+    is created; afterwards the stored layout wins. ``client_kwargs`` go to redis-py.
 
     Nothing connects in the constructor: a store can be built while Redis is
     down, every call raises :class:`StoreUnavailable` until it is back, and the
@@ -631,6 +732,7 @@ class RedisStore:
         shards: int = 64,
         bucket_groups: int = 4096,
         write_chunk: int = _WRITE_CHUNK,
+        spill_bytes: int = _SPILL_BYTES,
         **client_kwargs: Any,
     ) -> None:
         if not url.startswith(("redis://", "rediss://", "unix://")):
@@ -643,6 +745,8 @@ class RedisStore:
             raise ValueError(f"bucket_groups: must be between 1 and 2^20, got {bucket_groups}")
         if write_chunk < 1:
             raise ValueError(f"write_chunk: must be ≥ 1, got {write_chunk}")
+        if spill_bytes < 4 or spill_bytes % 4:
+            raise ValueError(f"spill_bytes: must be a positive multiple of 4, got {spill_bytes}")
         client_kwargs.pop("decode_responses", None)  # the store speaks bytes
         self.url = url
         self.prefix = prefix
@@ -650,7 +754,11 @@ class RedisStore:
         self._socket_timeout = socket_timeout
         self._client_kwargs = client_kwargs
         self._new_layout = {"version": LAYOUT_VERSION, "shards": shards, "groups": bucket_groups,
-                            "chunk_big": _CHUNK_BIG, "chunk_small": _CHUNK_SMALL}
+                            "chunk_big": _CHUNK_BIG, "chunk_small": _CHUNK_SMALL,
+                            "spill": spill_bytes}
+        # A receipt must outlive every replay of its call: redis-py's one retry comes
+        # within a socket timeout or two.
+        self._receipt_ttl = max(120, int(10 * socket_timeout))
         self.write_chunk = write_chunk
         self._lock = threading.Lock()
         self._client: Any = None
@@ -663,6 +771,8 @@ class RedisStore:
         self._allocs_key = f"{{{prefix}}}:allocs".encode()
         self._retires_key = f"{{{prefix}}}:retires".encode()
         self._bucket_prefix = f"{prefix}:b:".encode()
+        self._receipt_prefix = f"{{{prefix}}}:r:".encode()
+        self._gkeys: list[bytes] = []
         self._seq_key_list: list[bytes] = []
 
     # --- plumbing ------------------------------------------------------------------------
@@ -788,9 +898,12 @@ class RedisStore:
         raw = r.get(self._layout_key)
         if raw is None and create:
             # the allocation and retirement counters need every begin / commit / delete
-            # script to reach them: one server only
+            # script to reach them, and receipts every key of a bucket call: one server only
             one = not self._is_cluster
-            mine = json.dumps(dict(self._new_layout, allocs=one, retires=one), sort_keys=True)
+            new = dict(self._new_layout, allocs=one, retires=one)
+            if not one:
+                new["spill"] = 0
+            mine = json.dumps(new, sort_keys=True)
             raw = r.set(self._layout_key, mine, nx=True, get=True) or mine.encode()
         if raw is None:
             return None
@@ -804,6 +917,7 @@ class RedisStore:
                              f"{', '.join(map(str, _LAYOUTS_READ))}")
         layout.setdefault("allocs", False)
         layout.setdefault("retires", False)
+        layout.setdefault("spill", 0)
         if layout["allocs"] and self._is_cluster:
             raise StoreError(f"Redis index {self.prefix!r} was created on a single server: its "
                              "server-wide allocation counter cannot be kept on a Cluster "
@@ -849,6 +963,17 @@ class RedisStore:
 
     def _group_key(self, t: int) -> bytes:
         return self._bucket_prefix + str(t).encode()
+
+    def _group_keys(self, lay: dict) -> list[bytes]:
+        """Every group key, indexed by group (built once per store)."""
+        if len(self._gkeys) != lay["groups"]:
+            self._gkeys = [self._group_key(t) for t in range(lay["groups"])]
+        return self._gkeys
+
+    @staticmethod
+    def _spill_key(group_key: bytes, band_key: bytes) -> bytes:
+        """Where a spilled bucket lives (layout 4): outside ``P:b:*``, in its group's slot."""
+        return b"{" + group_key + b"}" + band_key
 
     # --- configuration ---------------------------------------------------------------------
     @_unavailable
@@ -1027,7 +1152,7 @@ class RedisStore:
         per_call = 1 if self._is_cluster else _CALL_BUCKETS
         kb = flat.shape[1]
         groups = _groups_of(flat, lay["groups"])
-        order = np.lexsort((*flat.T[::-1], groups))
+        order = np.lexsort((*_key_words(flat).T[::-1], groups))
         g, keys = groups[order], flat[order]
         new = np.ones(len(order), dtype=bool)  # first entry of each distinct (group, key)
         new[1:] = (g[1:] != g[:-1]) | np.any(keys[1:] != keys[:-1], axis=1)
@@ -1035,23 +1160,34 @@ class RedisStore:
         counts = np.diff(first).astype(_U4)
         ukeys, ug = keys[first[:-1]], g[first[:-1]]
         ids = iids[order].astype(_U4)
-        gcut = (np.flatnonzero(np.diff(ug)) + 1).tolist()
-        segments = [(int(ug[lo]), clo, min(hi, clo + _GROUP_CALL_KEYS))
-                    for lo, hi in zip([0, *gcut], [*gcut, len(ug)], strict=True)
-                    for clo in range(lo, hi, _GROUP_CALL_KEYS)]
+        # segments: a group's run of buckets, cut every _GROUP_CALL_KEYS
+        starts = np.flatnonzero(np.r_[True, ug[1:] != ug[:-1]])
+        run = np.diff(np.append(starts, len(ug)))
+        pieces = -(-run // _GROUP_CALL_KEYS)
+        seg_lo = np.repeat(starts, pieces) + _GROUP_CALL_KEYS * (
+            np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces))
+        seg_hi = np.minimum(seg_lo + _GROUP_CALL_KEYS, np.repeat(starts + run, pieces))
+        seg_group = ug[seg_lo]
+        # calls: whole segments until a call holds per_call buckets (at least one segment)
+        held = np.cumsum(seg_hi - seg_lo)
+        gkeys = self._group_keys(lay)
+        badd = script == "badd"
         cmds = []
         a = 0
-        while a < len(segments):
-            b, held = a, 0
-            while b < len(segments) and (b == a or held < per_call):
-                held += segments[b][2] - segments[b][1]
-                b += 1
-            call = segments[a:b]
-            lo, hi = call[0][1], call[-1][2]
-            cmds.append(self._eval(script, [self._group_key(t) for t, _, _ in call], [
-                kb, np.array([h - c for _, c, h in call], dtype=_U4).tobytes(),
-                ukeys[lo:hi].tobytes(), counts[lo:hi].tobytes(),
-                ids[first[lo]:first[hi]].tobytes()]))
+        while a < len(seg_lo):
+            base = held[a - 1] if a else 0
+            b = max(a + 1, int(np.searchsorted(held, base + per_call, side="left")) + 1)
+            b = min(b, len(seg_lo))
+            lo, hi = int(seg_lo[a]), int(seg_hi[b - 1])
+            keys = [gkeys[t] for t in seg_group[a:b].tolist()]
+            args = [kb, (seg_hi[a:b] - seg_lo[a:b]).astype(_U4).tobytes(),
+                    ukeys[lo:hi].tobytes(), counts[lo:hi].tobytes(),
+                    ids[first[lo]:first[hi]].tobytes()]
+            if badd:
+                args += [lay["spill"], self._receipt_ttl]
+                if lay["spill"]:
+                    keys.append(self._receipt_prefix + os.urandom(12).hex().encode())
+            cmds.append(self._eval(script, keys, args))
             a = b
         return cmds
 
@@ -1314,7 +1450,7 @@ class RedisStore:
         for a in arrays:
             for t, field in zip(_groups_of(a, lay["groups"]).tolist(), _rows(a), strict=True):
                 by_group[t].append(field)
-        if self._is_cluster:
+        if self._is_cluster:  # no spilled buckets on a Cluster (no receipts there)
             cmds = [("HMGET", self._group_key(t), *fs) for t, fs in by_group.items()]
             buf = b"".join(v for vals in self._pipeline(cmds) for v in vals if v)
         else:
@@ -1385,9 +1521,17 @@ class RedisStore:
                 names = [n for _, n in zip(range(chunk), it, strict=False)]
                 if not names:
                     return
-                for group in self._pipeline([("HGETALL", n) for n in names]):
+                groups = self._pipeline([("HGETALL", n) for n in names])
+                big = [(n, k) for n, g in zip(names, groups, strict=True)
+                       for k, v in g.items() if v == b""]
+                spilled = dict(zip(big, self._pipeline([("GET", self._spill_key(n, k))
+                                                        for n, k in big]), strict=True))
+                for n, group in zip(names, groups, strict=True):
                     for band_key, v in group.items():
-                        yield band_key, np.frombuffer(v, dtype=_U4).astype(np.uint32)
+                        if v == b"":
+                            v = spilled[n, band_key] or b""
+                        if v:
+                            yield band_key, np.frombuffer(v, dtype=_U4).astype(np.uint32)
         except (*_UNAVAILABLE, ResponseError) as e:
             raise self._translate(e) from None
 
@@ -1476,6 +1620,7 @@ class RedisStore:
             "vectors": self.count(),
             "shards": lay["shards"],
             "bucket_groups": lay["groups"],
+            "spill_bytes": lay.get("spill", 0),
         }
 
     def close(self) -> None:

@@ -25,11 +25,12 @@ from index.store import ConfigConflict
 
 @pytest.fixture(params=["lmdb", "redis"])
 def location(request, tmp_path):
-    """Where a fresh index lives: an LMDB directory, or a fresh prefix on a real Redis."""
+    """Where a fresh index lives: an LMDB directory, or a fresh prefix on a real Redis (whose
+    buckets spill into their own keys past 16 iids, so that both bucket forms get used)."""
     if request.param == "lmdb":
         return str(tmp_path / "idx"), {}
     url = request.getfixturevalue("redis_url")
-    return url, {"prefix": f"t{uuid.uuid4().hex[:12]}"}
+    return url, {"prefix": f"t{uuid.uuid4().hex[:12]}", "spill_bytes": 64}
 
 
 def _open(location, config=None, **kw):

@@ -74,11 +74,13 @@ class TestRedisClusterContract(StoreContract):
 
 
 class TestRedisSmallChunksContract(StoreContract):
-    """Few shards and tiny write chunks: every code path that splits work gets exercised."""
+    """Few shards and tiny write chunks: every code path that splits work gets exercised;
+    buckets of more than two iids spill into their own keys."""
 
     @pytest.fixture
     def store_factory(self, redis_url):  # noqa: F811
-        made, make = _factory(redis_url, "t", shards=3, bucket_groups=5, write_chunk=7)
+        made, make = _factory(redis_url, "t", shards=3, bucket_groups=5, write_chunk=7,
+                              spill_bytes=8)
         yield make
         for s in made:
             s.close()
@@ -86,13 +88,14 @@ class TestRedisSmallChunksContract(StoreContract):
 
 class TestRedisTinyCallsContract(StoreContract):
     """Bucket script calls of a few buckets, groups cut into segments of two: the framing
-    of calls that span several groups, and of groups that span several calls."""
+    of calls that span several groups, and of groups that span several calls. Every
+    bucket of two or more iids is spilled."""
 
     @pytest.fixture
     def store_factory(self, redis_url, monkeypatch):  # noqa: F811
         monkeypatch.setattr(redis_store, "_CALL_BUCKETS", 3)
         monkeypatch.setattr(redis_store, "_GROUP_CALL_KEYS", 2)
-        made, make = _factory(redis_url, "y", bucket_groups=7)
+        made, make = _factory(redis_url, "y", bucket_groups=7, spill_bytes=4)
         yield make
         for s in made:
             s.close()
@@ -542,14 +545,17 @@ def test_closed_store_raises(redis_url):  # noqa: F811
         store.count()
 
 
+@pytest.mark.parametrize("spill_bytes", [8, 512])
 def test_replayed_bucket_calls_add_and_remove_nothing_twice(redis_url, redis_prefix, rng,  # noqa: F811
-                                                              monkeypatch):
+                                                              monkeypatch, spill_bytes):
     """redis-py may resend a pipeline after a dropped connection: every bucket script
-    (several groups per call here) runs twice, and no bucket holds an iid twice."""
+    (several groups per call here; also the one-script small write) runs twice, and no
+    bucket holds an iid twice — spilled buckets (8 bytes: past two iids) included."""
     monkeypatch.setattr(redis_store, "_CALL_BUCKETS", 5)
-    store = RedisStore(redis_url, prefix=redis_prefix, shards=3, bucket_groups=9)
+    store = RedisStore(redis_url, prefix=redis_prefix, shards=3, bucket_groups=9,
+                       spill_bytes=spill_bytes)
     real = store._pipeline
-    bucket_shas = {store._shas["badd"], store._shas["brem"]}
+    bucket_shas = {store._shas[name] for name in ("badd", "brem", "badd+commit")}
     replayed = []
 
     def twice(cmds):
@@ -564,11 +570,84 @@ def test_replayed_bucket_calls_add_and_remove_nothing_twice(redis_url, redis_pre
     model.upsert(store, batch, recs)
     batch2, recs2 = make_batch([f"r{i}" for i in range(25, 75)], rng, tag="v2")
     model.upsert(store, batch2, recs2)  # replaces 25: their old entries are removed
+    for i in range(3):  # single new ids: the bucket additions run inside the commit script
+        one, one_recs = make_batch([f"one{i}"], rng)
+        model.upsert(store, one, one_recs)
     assert model.delete(store, ["r0", "r30", "nope"]) == 2
-    assert len(replayed) >= 3 and max(replayed) < 50 * N_BANDS / 5  # calls span groups
+    assert len(replayed) >= 6 and max(replayed) < 50 * N_BANDS / 5  # calls span groups
     assert_matches(store, model)
     assert_consistent(store)
+    if spill_bytes == 8:
+        assert _spilled_keys(store), "nothing spilled: the spilled path went untested"
     store.close()
+
+
+def _spilled_keys(store: RedisStore) -> list[bytes]:
+    return list(store._r().scan_iter(match=b"{" + store._bucket_prefix + b"*", count=1000))
+
+
+def test_receipts_one_per_bucket_call_and_they_expire(redis_url, redis_prefix, rng,  # noqa: F811
+                                                      monkeypatch):
+    """A receipt is what makes a replayed APPEND harmless; it must not outlive its use."""
+    monkeypatch.setattr(redis_store, "_CALL_BUCKETS", 7)
+    store = RedisStore(redis_url, prefix=redis_prefix, shards=3, bucket_groups=11,
+                       socket_timeout=3.0)
+    real = store._pipeline
+    calls = []
+
+    def counting(cmds):
+        calls.extend(c for c in cmds if c[0] == "EVALSHA" and c[1] in {
+            store._shas["badd"], store._shas["badd+commit"]})
+        return real(cmds)
+
+    monkeypatch.setattr(store, "_pipeline", counting)
+    batch, _ = make_batch([f"r{i}" for i in range(40)], rng)
+    store.upsert(batch, band_keys_of)
+    one, _ = make_batch(["one"], rng)
+    store.upsert(one, band_keys_of)
+    r = store._r()
+    receipts = list(r.scan_iter(match=store._receipt_prefix + b"*", count=1000))
+    assert len(receipts) == len(calls) > 2
+    ttls = [r.ttl(k) for k in receipts]
+    assert all(0 < t <= 120 for t in ttls), ttls  # max(120 s, 10 × 3 s)
+    store.close()
+
+
+def test_spilled_buckets_empty_away_without_leftover_keys(redis_url, redis_prefix, rng):  # noqa: F811
+    """Deleting every member of a spilled bucket drops its key and its marker."""
+    store = RedisStore(redis_url, prefix=redis_prefix, shards=2, bucket_groups=3, spill_bytes=4)
+    model = Model()
+    batch, recs = make_batch([f"r{i}" for i in range(30)], rng)
+    model.upsert(store, batch, recs)
+    assert _spilled_keys(store)
+    assert model.delete(store, [f"r{i}" for i in range(0, 30, 2)]) == 15
+    assert_matches(store, model)
+    assert_consistent(store, complete=True)
+    assert model.delete(store, [f"r{i}" for i in range(1, 30, 2)]) == 15
+    assert list(store.scan_buckets()) == [] and _spilled_keys(store) == []
+    assert store._r().keys(store._bucket_prefix + b"*") == []
+    store.close()
+
+
+def test_a_version_3_layout_keeps_its_buckets_in_the_group_hashes(redis_url, redis_prefix,  # noqa: F811
+                                                                 rng, monkeypatch):
+    """An index written by the previous release is still written its way: no spilled keys
+    (which its readers would not follow), no receipts, and replays still add nothing twice."""
+    st = RedisStore(redis_url, prefix=redis_prefix, shards=3, bucket_groups=5, spill_bytes=4)
+    r = st._r()
+    r.set(st._layout_key, json.dumps({"version": 3, "shards": 3, "groups": 5, "chunk_big": 1024,
+                                      "chunk_small": 128, "allocs": True, "retires": True}))
+    real = st._pipeline
+    monkeypatch.setattr(st, "_pipeline", lambda cmds: (real(cmds), real(cmds))[1]
+                        if cmds and cmds[0][1] == st._shas["badd"] else real(cmds))
+    model = Model()
+    batch, recs = make_batch([f"v{i}" for i in range(40)], rng)
+    model.upsert(st, batch, recs)
+    assert model.delete(st, ["v3", "v4"]) == 2
+    assert _spilled_keys(st) == [] and list(r.scan_iter(match=st._receipt_prefix + b"*")) == []
+    assert_matches(st, model)
+    assert_consistent(st)
+    st.close()
 
 
 def test_bad_batch_writes_nothing(redis_url, redis_prefix, rng):  # noqa: F811
