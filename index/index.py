@@ -62,6 +62,8 @@ MAX_K = 10_000
 DEFAULT_CANDIDATES = 200
 #: Default per-process vector cache (bytes); beyond it the rerank reads the store.
 DEFAULT_CACHE_BYTES = 1 << 30
+#: Records per read when :meth:`Index.warm` loads names and metadata.
+_WARM_NAMES_CHUNK = 4096
 
 
 def _ranked(iids: np.ndarray, sims: np.ndarray, min_similarity: float):
@@ -942,11 +944,13 @@ class Index:
         X, _ = self._decode(blobs)
         return gcws.pack_codes(self._codes(self._hashable(X)), self.config.bits)
 
-    def warm(self, vectors: bool = True) -> int:
-        """Load every stored sketch (and dense vector, within the cache budget) into this process.
+    def warm(self, vectors: bool = True, names: bool = True) -> int:
+        """Load every stored sketch (and dense vector, within the cache budget) into this process,
+        and the names and metadata of the vectors it holds (when they fit half the answer cache).
 
         A fresh reader otherwise fetches candidates' sketches on its first
-        queries; the service warms each worker at start. Returns rows loaded.
+        queries, and reads its neighbours' records until it has seen them; the
+        service warms each worker at start. Returns rows loaded.
         """
         n = self._refresh_sketches()
         cfg = self.config
@@ -955,6 +959,13 @@ class Index:
         if vectors and self._cache is not None:
             for iids, blobs in self.store.scan("vector"):
                 self._cache.put(iids, blobs)
+        if names and n >= 0:
+            live = np.flatnonzero(self._sketches.scan_arrays()[2])
+            if live.shape[0] <= self._answers.max_entries // 2:
+                for lo in range(0, live.shape[0], _WARM_NAMES_CHUNK):
+                    part = live[lo : lo + _WARM_NAMES_CHUNK]
+                    ids, metas, _, epoch = self.store.ids_fetch_and_news(part, "meta", None)
+                    self._answers.add(epoch, part.tolist(), ids, metas)
         return n
 
     def check(self):

@@ -445,14 +445,15 @@ end
 """
 
 # Layout 4 (single server): a call first sets its receipt (the last of KEYS, with a TTL
-# of ARGV[7] s); finding it already set means the call is a replay, which adds nothing. A
+# of ARGV[7] s, unless that is 0); finding it already set means the call is a replay,
+# which adds nothing. A
 # bucket longer than ARGV[6] bytes moves to its own string key (spilled: the field
 # keeps '' as a marker) and later additions APPEND to it, so adding to a big bucket costs
 # O(added) instead of a rewrite of the bucket. Older layouts and Clusters (ARGV[6] = 0):
 # the iids of one call are new, so finding the first one already there means a replay.
 _LUA_BUCKET_ADD = _LUA_FRAMES + """
 local spill, ng = tonumber(ARGV[6]), #KEYS
-if spill > 0 then
+if spill > 0 and tonumber(ARGV[7]) > 0 then
   ng = ng - 1
   if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', ARGV[7]) then return -1 end
 end
@@ -602,6 +603,83 @@ return commit({unpack(KEYS, nk + 1)}, {unpack(ARGV, 3 + na)})
 """
 )
 
+#: A single record on a single server, whole in one script: allocate its iid, add its
+#: bucket entries, write its blobs, point its id at it, kill the version it replaces.
+#: Atomic, so it needs no journal; a replay is the same upsert again (a new iid replaces
+#: the first, whose entries the caller buries), so it needs no receipt either.
+#: KEYS: ids, pend, gc, n, retires, seq, allocs, then the bucket groups.
+#: ARGV: S, CB, CS, TAG, retires?, s, gc_max, number of groups, ext, flags, vec, sk,
+#: nrff, meta, then the bucket call's kb, per, fields, counts, spill.
+_LUA_PUT_ONE = (
+    "local function add_buckets(KEYS, ARGV)\n" + _LUA_BUCKET_ADD + "end\n" + _LUA_HELPERS
+    + """
+local s, gcmax, ng = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local ext, flags = ARGV[9], ARGV[10]
+local seq = tonumber(redis.call('GET', KEYS[6]) or '0')
+if (seq + 1) * S > 4294967296 then
+  return redis.error_reply('GMMLSH internal id space (uint32) of this shard is exhausted')
+end
+seq = redis.call('INCRBY', KEYS[6], 1) - 1
+redis.call('INCRBY', KEYS[7], 1)
+local iid = seq * S + s
+local nb = #ARGV[17] / tonumber(ARGV[15])
+add_buckets({unpack(KEYS, 8, 7 + ng)}, {ARGV[15], ARGV[16], ARGV[17], ARGV[18],
+            string.rep(struct.pack('<I4', iid), nb), ARGV[19], 0})
+local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
+cancel_pending(ext, -1)
+local k, f = loc(iid, 'v'); redis.call('HSET', k, f, ARGV[11])
+k, f = loc(iid, 'k'); redis.call('HSET', k, f, ARGV[12])
+if string.find(flags, 'f', 1, true) then k, f = loc(iid, 'f'); redis.call('HSET', k, f, ARGV[13]) end
+if string.find(flags, 'm', 1, true) then k, f = loc(iid, 'm'); redis.call('HSET', k, f, ARGV[14]) end
+k, f = loc(iid, 'x'); redis.call('HSET', k, f, ext)
+redis.call('HSET', KEYS[1], ext, iid)
+if cur >= 0 then kill(cur) else redis.call('INCRBY', KEYS[4], 1) end
+-- Also hand back garbage earlier writers left in this shard, for the same clean-up.
+local n = redis.call('HLEN', KEYS[3])
+if n > #dead / 2 then
+  local gc
+  if n <= gcmax then gc = redis.call('HGETALL', KEYS[3])
+  else gc = redis.call('HRANDFIELD', KEYS[3], gcmax, 'WITHVALUES') end
+  for i = 1, #gc do dead[#dead + 1] = gc[i] end
+end
+return {iid, cur, dead}
+"""
+)
+
+#: A single id's current iid and sketch (what :meth:`RedisStore._delete_one` needs to
+#: name its buckets). KEYS: ids.  ARGV: S, CB, CS, TAG, '0', ext.
+_LUA_LOOK_ONE = _LUA_HELPERS + """
+local iid = redis.call('HGET', KEYS[1], ARGV[6])
+if not iid then return {-1, false} end
+local k, f = loc(tonumber(iid), 'k')
+return {tonumber(iid), redis.call('HGET', k, f)}
+"""
+
+#: A single id's delete on a single server, whole in one script: the record, its bucket
+#: entries (named by the caller from the sketch it read) and its journal entry go
+#: together. Status 3 (info: current iid) when the id no longer names that iid.
+#: KEYS: ids, pend, gc, n, retires, then the bucket groups.  ARGV: S, CB, CS, TAG,
+#: retires?, ext, expected iid, number of groups, then the bucket call's five arguments.
+_LUA_DELETE_ONE = (
+    "local function remove_buckets(KEYS, ARGV)\n" + _LUA_BUCKET_REMOVE + "end\n"
+    + _LUA_HELPERS + """
+local ext, exp, ng = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
+if cur ~= exp then return {3, cur, {}} end
+cancel_pending(ext, -1)
+redis.call('HDEL', KEYS[1], ext)
+kill(cur)
+redis.call('DECRBY', KEYS[4], 1)
+remove_buckets({unpack(KEYS, 6, 5 + ng)}, {unpack(ARGV, 9, 13)})
+redis.call('HDEL', KEYS[3], cur)
+local rest = {}                       -- what else died (crashed writers' attempts)
+for i = 1, #dead, 2 do
+  if dead[i] ~= cur then rest[#rest + 1] = dead[i]; rest[#rest + 1] = dead[i + 1] end
+end
+return {1, cur, rest}
+"""
+)
+
 _SCRIPTS = {
     "bget": _LUA_BGET,
     "reads": _LUA_READS,
@@ -611,6 +689,9 @@ _SCRIPTS = {
     "expire": _LUA_EXPIRE,
     "badd": _LUA_BUCKET_ADD,
     "badd+commit": _LUA_ADD_AND_COMMIT,
+    "put1": _LUA_PUT_ONE,
+    "look1": _LUA_LOOK_ONE,
+    "del1": _LUA_DELETE_ONE,
     "brem": _LUA_BUCKET_REMOVE,
 }
 
@@ -1022,6 +1103,9 @@ class RedisStore:
 
     def _upsert_rows(self, batch: RecordBatch, rows: np.ndarray, band_keys_of: BandKeysFn,
                      lay: dict) -> None:
+        if len(rows) == 1 and lay["allocs"] and self._put_one(batch, int(rows[0]), band_keys_of,
+                                                             lay):
+            return
         S = lay["shards"]
         sketches = np.ascontiguousarray(np.asarray(batch.sketches)[rows], dtype=np.uint8)
         sk_bytes = _rows(sketches)
@@ -1112,6 +1196,34 @@ class RedisStore:
         # 4./5. bucket entries of the iids that died (replaced, cancelled attempts).
         self._bury(dead, band_keys_of, lay)
 
+    def _put_one(self, batch: RecordBatch, row: int, band_keys_of: BandKeysFn, lay: dict) -> bool:
+        """One record in one script (a single server's index, see ``_LUA_PUT_ONE``): one round
+        trip for a new id. False when its buckets need more than one call."""
+        S = lay["shards"]
+        ext = batch.ids[row]
+        s = _shard_of(ext, S)
+        keys = np.ascontiguousarray(np.asarray(batch.band_keys)[row], dtype=np.uint8)
+        calls = self._bucket_cmds("badd", keys, np.zeros(len(keys), np.int64), lay,
+                                  receipt=False)
+        if len(calls) != 1:
+            return False
+        bk, ba = _eval_parts(calls[0])
+        meta = batch.meta[row] if batch.meta is not None else None
+        has_nrff = batch.nrff is not None and batch.nrff.shape[1] > 0
+        flags = ("f" if has_nrff else "") + ("m" if meta is not None else "")
+        ids_k, pend_k, gc_k, n_k, seq_k = self._shard_keys(s)
+        ret_flag, _ = self._retire_counting(lay)
+        sketch = np.ascontiguousarray(np.asarray(batch.sketches)[row], dtype=np.uint8).tobytes()
+        nrff = np.asarray(batch.nrff[row], dtype="<f4").tobytes() if has_nrff else b""
+        cmd = self._eval("put1", [ids_k, pend_k, gc_k, n_k, self._retires_key, seq_k,
+                                  self._allocs_key, *bk],
+                         [S, lay["chunk_big"], lay["chunk_small"], self._tag(s), ret_flag, s,
+                          _GC_PER_BEGIN, len(bk), ext.encode(), flags, batch.vectors[row],
+                          sketch, nrff, meta or b"", *ba[:4], ba[5]])
+        _, _, dl = self._pipeline([cmd])[0]
+        self._bury({s: [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]}, band_keys_of, lay)
+        return True
+
     def _bury(self, dead: dict[int, list[tuple[int, bytes]]], band_keys_of: BandKeysFn,
               lay: dict) -> None:
         """Remove the bucket entries of dead iids, then their gc journal entries."""
@@ -1138,7 +1250,7 @@ class RedisStore:
         return self._bucket_cmds("brem", flat, iids, lay)
 
     def _bucket_cmds(self, script: str, flat: np.ndarray, iids: np.ndarray,
-                     lay: dict) -> list[tuple]:
+                     lay: dict, receipt: bool = True) -> list[tuple]:
         """Script calls adding/removing ``iids[j]`` to/from bucket ``flat[j]``.
 
         Entries are sorted by (group, band key), so each call's arguments are
@@ -1146,6 +1258,8 @@ class RedisStore:
         group's buckets go in segments of at most ``_GROUP_CALL_KEYS``; a call
         takes one segment on a Cluster, and on a single server segments until it
         holds ``_CALL_BUCKETS`` buckets (bounding how long it blocks the server).
+        Additions on a layout-4 index carry a receipt unless ``receipt`` is False
+        (for a script that is safe to replay as a whole).
         """
         if flat.shape[0] == 0:
             return []
@@ -1184,8 +1298,8 @@ class RedisStore:
                     ukeys[lo:hi].tobytes(), counts[lo:hi].tobytes(),
                     ids[first[lo]:first[hi]].tobytes()]
             if badd:
-                args += [lay["spill"], self._receipt_ttl]
-                if lay["spill"]:
+                args += [lay["spill"], self._receipt_ttl if receipt else 0]
+                if lay["spill"] and receipt:
                     keys.append(self._receipt_prefix + os.urandom(12).hex().encode())
             cmds.append(self._eval(script, keys, args))
             a = b
@@ -1204,6 +1318,10 @@ class RedisStore:
         lay = self._get_layout(create=False)
         if lay is None:
             return 0
+        if len(uniq) == 1 and not self._is_cluster:
+            done = self._delete_one(uniq[0], band_keys_of, lay)
+            if done is not None:
+                return done
         S = lay["shards"]
         expected = dict(zip(uniq, self.lookup(uniq).tolist(), strict=True))
         todo: dict[int, list[str]] = defaultdict(list)
@@ -1239,6 +1357,32 @@ class RedisStore:
             raise StoreError(f"Redis index {self.prefix!r}: ids kept changing under this delete")
         self._bury(dead, band_keys_of, lay)
         return removed
+
+    def _delete_one(self, ext: str, band_keys_of: BandKeysFn, lay: dict) -> int | None:
+        """One id on a single server in two round trips (its iid and sketch; then record,
+        bucket entries and journal in one script). None: take the general path (the id is
+        absent — crashed attempts still need cancelling — or changed in between)."""
+        S = lay["shards"]
+        s = _shard_of(ext, S)
+        ids_k, pend_k, gc_k, n_k, _ = self._shard_keys(s)
+        head = [S, lay["chunk_big"], lay["chunk_small"], self._tag(s)]
+        iid, sk = self._pipeline([self._eval("look1", [ids_k], [*head, "0", ext.encode()])])[0]
+        if iid < 0 or sk is None:
+            return None
+        keys = np.asarray(band_keys_of(np.frombuffer(sk, dtype=np.uint8)[None]))[0]
+        calls = self._bucket_cmds("brem", np.ascontiguousarray(keys, dtype=np.uint8),
+                                  np.full(len(keys), iid, dtype=np.int64), lay)
+        if len(calls) != 1:
+            return None
+        bk, ba = _eval_parts(calls[0])
+        ret_flag, _ = self._retire_counting(lay)
+        status, _, dl = self._pipeline([self._eval(
+            "del1", [ids_k, pend_k, gc_k, n_k, self._retires_key, *bk],
+            [*head, ret_flag, ext.encode(), iid, len(bk), *ba])])[0]
+        if status != 1:
+            return None
+        self._bury({s: [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]}, band_keys_of, lay)
+        return 1
 
     @_unavailable
     def collect_garbage(self, band_keys_of: BandKeysFn, pending_older_than: float = 600.0) -> dict:

@@ -17,6 +17,7 @@ from redis_fixtures import redis_url  # noqa: F401
 from core import gcws, nrff
 from core.gmm import gmm, gmm_matrix
 from core.validate import DimensionError, NonFiniteError, ZeroVectorError
+from index.answer_cache import AnswerCache
 from index.config import IndexConfig
 from index.index import Index, UnknownIdError
 from index.planner import candidate_probability
@@ -283,6 +284,27 @@ def test_a_warm_redis_query_is_one_round_trip(redis_url, fmnist):  # noqa: F811
         trips.clear()
         ix.query(X[600], k=1)
         assert len(trips) == 1
+
+
+def test_warm_loads_names_so_first_queries_read_no_records(location, fmnist):
+    """warm() also loads the names and metadata of the vectors it holds: a fresh reader's
+    first answers then come from its name cache after one counter read, and equal the
+    answers read record by record."""
+    X, _, Q, _ = fmnist
+    with _open(location, IndexConfig(dim=784, bands=8, rows=4)) as ix:
+        ix.upsert(_ids(0, 600), X[:600], metadata=[{"i": i} for i in range(600)])
+        ix.delete(_ids(0, 600)[::50])
+        ix.warm(names=False)
+        expected = [(r.neighbors, r.candidates) for r in (ix.query(q, k=5) for q in Q[:20])]
+        ix._answers = AnswerCache()  # as a fresh reader's
+        ix.warm()
+        reads = []
+        for name in ("ids_fetch_and_news", "ids_and_fetch", "external_ids", "fetch"):
+            real = getattr(ix.store, name)
+            setattr(ix.store, name, lambda *a, _real=real, _name=name: reads.append(_name) or _real(*a))
+        got = [(r.neighbors, r.candidates) for r in (ix.query(q, k=5) for q in Q[:20])]
+        assert got == expected and reads == []
+        assert all(nb.metadata == {"i": int(nb.id[1:])} for ns, _ in got for nb in ns)
 
 
 def test_cached_answer_names_die_with_their_vectors(location, fmnist):
