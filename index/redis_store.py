@@ -85,9 +85,11 @@ Write protocol (upsert): 3 round trips for new ids, 5 when records get replaced
 4. remove the bucket entries of the iids that died in step 3; 5. clear their
    ``gc`` entries.
 
-On a single server, a chunk whose records all fall in one shard and whose bucket
-additions fit one call (a single upsert, typically) runs steps 2 and 3 as one
-script: 2 round trips for a new id.
+On a single server, a single record is one script (``put1``): iid, bucket
+entries, blobs and id map together, atomic, so no journal — 1 round trip for a
+new id (3 for a replacement: then steps 4 and 5). Other chunks whose records all
+fall in one shard and whose bucket additions fit one call run steps 2 and 3 as
+one script: 2 round trips.
 
 So a reader sees a vector only once all its blobs *and* all its bucket entries
 exist; before the commit or after a replacement a bucket may name an iid whose
@@ -104,7 +106,8 @@ Two writers replacing the *same* id at once: the first commit cancels the other
 attempt, whose record is dropped — linearised just before the winner, which is
 legitimate since the two calls overlapped. A delete (lookup, delete script,
 bucket clean-up: 4 round trips) works the same way, with the id map as commit
-point.
+point; a single id on a single server takes 2 (its iid and sketch, then record,
+bucket entries and journal entry in one script, ``del1``).
 
 Durability: the scripts are replicated as ``MULTI/EXEC`` blocks, so the AOF
 never holds half a script. With ``appendfsync always`` an acknowledged write

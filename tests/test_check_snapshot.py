@@ -141,12 +141,21 @@ class RedisCorrupter(Corrupter):
 
     def bucket(self, key: bytes, iid: int, add: bool) -> bool:
         g = self._group(key)
-        cur = np.frombuffer(self.r.hget(g, key) or b"", "<u4")
+        raw = self.r.hget(g, key)
+        spilled = self.store._spill_key(g, key) if raw == b"" else None  # its own key
+        if spilled is not None:
+            raw = self.r.get(spilled)
+        cur = np.frombuffer(raw or b"", "<u4")
         new = np.append(cur, np.uint32(iid)) if add else cur[cur != iid]
         if new.size:
-            self.r.hset(g, key, new.astype("<u4").tobytes())
+            if spilled is not None:
+                self.r.set(spilled, new.astype("<u4").tobytes())
+            else:
+                self.r.hset(g, key, new.astype("<u4").tobytes())
         else:
             self.r.hdel(g, key)
+            if spilled is not None:
+                self.r.delete(spilled)
         return True
 
     def add_count(self, d: int) -> None:
@@ -190,7 +199,9 @@ def index(request, tmp_path) -> Iterator[tuple[Index, Corrupter, list[str]]]:
     else:
         url = request.getfixturevalue("redis_url")
         prefix = f"chk{uuid.uuid4().hex[:10]}"
-        loc, kw, cli = url, {"prefix": prefix, "shards": 4}, ["--redis", url, "--prefix", prefix]
+        # buckets past four iids live in their own keys: corruptions reach both forms
+        loc, kw = url, {"prefix": prefix, "shards": 4, "spill_bytes": 16}
+        cli = ["--redis", url, "--prefix", prefix]
     ix = Index.open(loc, cfg, **kw)
     _fill(ix)
     corr = LmdbCorrupter(ix) if request.param == "lmdb" else RedisCorrupter(ix)
@@ -290,7 +301,8 @@ def test_redis_interrupted_writer_leaves_only_invisible_leftovers(redis_url, mon
     """A writer dying between its bucket writes and its commit: the check passes (leftovers are
     journaled and never visible), notes them, and --collect-garbage removes them."""
     prefix = f"gc{uuid.uuid4().hex[:10]}"
-    ix = Index.open(redis_url, IndexConfig(dim=DIM, bands=8, rows=2), prefix=prefix, shards=4)
+    ix = Index.open(redis_url, IndexConfig(dim=DIM, bands=8, rows=2), prefix=prefix, shards=4,
+                    spill_bytes=16)  # buckets past four iids in their own keys: both forms
     try:
         _fill(ix)
         real = ix.store._pipeline
