@@ -625,9 +625,10 @@ end
 seq = redis.call('INCRBY', KEYS[6], 1) - 1
 redis.call('INCRBY', KEYS[7], 1)
 local iid = seq * S + s
-local nb = #ARGV[17] / tonumber(ARGV[15])
+local entries = 0                     -- every bucket entry is this iid
+for q = 1, #ARGV[18], 4 do entries = entries + struct.unpack('<I4', ARGV[18], q) end
 add_buckets({unpack(KEYS, 8, 7 + ng)}, {ARGV[15], ARGV[16], ARGV[17], ARGV[18],
-            string.rep(struct.pack('<I4', iid), nb), ARGV[19], 0})
+            string.rep(struct.pack('<I4', iid), entries), ARGV[19], 0})
 local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
 cancel_pending(ext, -1)
 local k, f = loc(iid, 'v'); redis.call('HSET', k, f, ARGV[11])
