@@ -225,7 +225,7 @@ end
 
 _LUA_HELPERS = _LUA_MANY + """
 local S, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local RETIRES = ARGV[5] == '1'        -- KEYS[5] counts retired iids (layout 3, one server)
+local RETIRES = ARGV[5] == '1'        -- KEYS[5] counts retired iids (layout ≥ 3, one server)
 local function loc(iid, fam)
   local seq = math.floor(iid / S)
   local c = CB
@@ -259,6 +259,32 @@ local function attempts(p)            -- {iid, time, sketch, iid, time, sketch, 
     o = o + 10 + n
   end
   return out
+end
+local staged, staged_keys = {}, {}   -- chunk key -> {field, blob, ...}: one HSET per key
+local function stage(iid, ext, flags, vec, sk, nrff, meta)   -- a record's blobs, to write
+  local function put(fam, blob)
+    local k, f = loc(iid, fam)
+    local t = staged[k]
+    if not t then t = {}; staged[k] = t; staged_keys[#staged_keys + 1] = k end
+    t[#t + 1] = f; t[#t + 1] = blob
+  end
+  put('v', vec)
+  put('k', sk)
+  if string.find(flags, 'f', 1, true) then put('f', nrff) end
+  if string.find(flags, 'm', 1, true) then put('m', meta) end
+  put('x', ext)
+end
+local function write_staged()
+  for _, k in ipairs(staged_keys) do many('HSET', k, staged[k]) end
+end
+local function hand_back(limit)       -- also return garbage earlier writers left here
+  local n = redis.call('HLEN', KEYS[3])
+  if n > #dead / 2 then
+    local gc
+    if n <= limit then gc = redis.call('HGETALL', KEYS[3])
+    else gc = redis.call('HRANDFIELD', KEYS[3], limit, 'WITHVALUES') end
+    for i = 1, #gc do dead[#dead + 1] = gc[i] end
+  end
 end
 local function cancel_pending(ext, keep)   -- other attempts for this id die
   local p = redis.call('HGET', KEYS[2], ext)
@@ -314,13 +340,6 @@ local m = (#ARGV - base + 1) / 8
 local exts = {}
 for j = 1, m do exts[j] = ARGV[base + 8 * (j - 1)] end
 local curs, ps = many('HMGET', KEYS[1], exts), many('HMGET', KEYS[2], exts)
-local blobs, keys = {}, {}           -- chunk key -> {field, blob, ...}: one HSET per key
-local function put(iid, fam, blob)
-  local k, f = loc(iid, fam)
-  local t = blobs[k]
-  if not t then t = {}; blobs[k] = t; keys[#keys + 1] = k end
-  t[#t + 1] = f; t[#t + 1] = blob
-end
 local status, info, added, idmap, settled = {}, {}, 0, {}, {}
 for j = 1, m do
   local a = base + 8 * (j - 1)
@@ -344,11 +363,7 @@ for j = 1, m do
         if tries[i] ~= iid then bury(tries[i], tries[i + 2]) end
       end
       settled[#settled + 1] = ext
-      put(iid, 'v', ARGV[a + 4])
-      put(iid, 'k', ARGV[a + 5])
-      if string.find(flags, 'f', 1, true) then put(iid, 'f', ARGV[a + 6]) end
-      if string.find(flags, 'm', 1, true) then put(iid, 'm', ARGV[a + 7]) end
-      put(iid, 'x', ext)
+      stage(iid, ext, flags, ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
       idmap[#idmap + 1] = ext; idmap[#idmap + 1] = iid
       if cur >= 0 then kill(cur) else added = added + 1 end
       status[j], info[j] = 1, cur
@@ -356,7 +371,7 @@ for j = 1, m do
   end
 end
 if #settled > 0 then many('HDEL', KEYS[2], settled) end
-for _, k in ipairs(keys) do many('HSET', k, blobs[k]) end
+write_staged()
 if #idmap > 0 then many('HSET', KEYS[1], idmap) end
 if added > 0 then redis.call('INCRBY', KEYS[4], added) end
 return {status, info, dead}
@@ -384,14 +399,7 @@ for j = 0, (#ARGV - 5) / 2 - 1 do
   end
 end
 if removed > 0 then redis.call('DECRBY', KEYS[4], removed) end
--- Also hand back garbage earlier writers left in this shard, for the same clean-up.
-local n = redis.call('HLEN', KEYS[3])
-if n > #dead / 2 then
-  local gc
-  if n <= 512 then gc = redis.call('HGETALL', KEYS[3])
-  else gc = redis.call('HRANDFIELD', KEYS[3], 256, 'WITHVALUES') end
-  for i = 1, #gc do dead[#dead + 1] = gc[i] end
-end
+hand_back(512)
 return {status, info, dead}
 """
 
@@ -449,10 +457,9 @@ end
 
 # Layout 4 (single server): a call first sets its receipt (the last of KEYS, with a TTL
 # of ARGV[7] s, unless that is 0); finding it already set means the call is a replay,
-# which adds nothing. A
-# bucket longer than ARGV[6] bytes moves to its own string key (spilled: the field
-# keeps '' as a marker) and later additions APPEND to it, so adding to a big bucket costs
-# O(added) instead of a rewrite of the bucket. Older layouts and Clusters (ARGV[6] = 0):
+# which adds nothing. A bucket longer than ARGV[6] bytes moves to its own string key
+# (spilled: the field keeps '' as a marker) and later additions APPEND to it, so adding
+# to a big bucket costs O(added) instead of a rewrite of the bucket. Older layouts and Clusters (ARGV[6] = 0):
 # the iids of one call are new, so finding the first one already there means a replay.
 _LUA_BUCKET_ADD = _LUA_FRAMES + """
 local spill, ng = tonumber(ARGV[6]), #KEYS
@@ -550,7 +557,8 @@ return removed
 # string: one command instead of one HMGET per bucket group (the client-side cost
 # of packing ~80 commands per query exceeded the server's). Single server only:
 # on a Cluster the group keys live in many slots.
-# Spilled buckets (layout 4) are read with one MGET at the end.
+# Spilled buckets (layout 4; their key as in ``spilled`` above) are read with one MGET
+# at the end.
 # KEYS = group keys; ARGV[i] = how many fields of KEYS[i] follow; then the fields.
 _LUA_BGET = """
 local out, big = {}, {}
@@ -631,21 +639,11 @@ add_buckets({unpack(KEYS, 8, 7 + ng)}, {ARGV[15], ARGV[16], ARGV[17], ARGV[18],
             string.rep(struct.pack('<I4', iid), entries), ARGV[19], 0})
 local cur = tonumber(redis.call('HGET', KEYS[1], ext) or '-1')
 cancel_pending(ext, -1)
-local k, f = loc(iid, 'v'); redis.call('HSET', k, f, ARGV[11])
-k, f = loc(iid, 'k'); redis.call('HSET', k, f, ARGV[12])
-if string.find(flags, 'f', 1, true) then k, f = loc(iid, 'f'); redis.call('HSET', k, f, ARGV[13]) end
-if string.find(flags, 'm', 1, true) then k, f = loc(iid, 'm'); redis.call('HSET', k, f, ARGV[14]) end
-k, f = loc(iid, 'x'); redis.call('HSET', k, f, ext)
+stage(iid, ext, flags, ARGV[11], ARGV[12], ARGV[13], ARGV[14])
+write_staged()
 redis.call('HSET', KEYS[1], ext, iid)
 if cur >= 0 then kill(cur) else redis.call('INCRBY', KEYS[4], 1) end
--- Also hand back garbage earlier writers left in this shard, for the same clean-up.
-local n = redis.call('HLEN', KEYS[3])
-if n > #dead / 2 then
-  local gc
-  if n <= gcmax then gc = redis.call('HGETALL', KEYS[3])
-  else gc = redis.call('HRANDFIELD', KEYS[3], gcmax, 'WITHVALUES') end
-  for i = 1, #gc do dead[#dead + 1] = gc[i] end
-end
+hand_back(gcmax)
 return {iid, cur, dead}
 """
 )
@@ -747,6 +745,11 @@ def _key_words(keys: np.ndarray) -> np.ndarray:
     padded = np.zeros((n, -(-kb // 8) * 8), dtype=np.uint8)
     padded[:, :kb] = keys
     return padded.view(np.uint64)
+
+
+def _pairs(flat: list) -> list[tuple[int, bytes]]:
+    """A script's flat (iid, sketch, iid, sketch, ...) reply as (iid, sketch) pairs."""
+    return [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
 def _rows(a: np.ndarray) -> list[bytes]:
@@ -1011,7 +1014,7 @@ class RedisStore:
         return layout
 
     def _retire_counting(self, lay: dict) -> tuple[str, list[bytes]]:
-        """The commit / delete scripts' retirement-counter argument and key (layout 3)."""
+        """The commit / delete scripts' retirement-counter argument and key (layout ≥ 3)."""
         return ("1", [self._retires_key]) if lay["retires"] else ("0", [])
 
     def _tag(self, s: int) -> str:
@@ -1138,7 +1141,7 @@ class RedisStore:
             ps = by_shard[s]
             iids[ps] = (int(first) + np.arange(len(ps))) * S + s
             expected[ps] = [int(o) for o in olds]
-            gc_found[s] = [(int(gc[i]), gc[i + 1]) for i in range(0, len(gc), 2)]
+            gc_found[s] = _pairs(gc)
 
         # 2. bucket entries of the new iids (and of garbage others left behind).
         keys = np.asarray(batch.band_keys)[rows]
@@ -1147,8 +1150,9 @@ class RedisStore:
         cmds = self._bucket_cmds("badd", flat, np.repeat(iids, n_bands), lay)
         garbage = [g for s in shards for g in gc_found[s]]
         cmds += self._dead_bucket_cmds(garbage, band_keys_of, lay)
-        # one shard, one bucket call, nothing to clean (a single upsert, typically), on a
-        # single server: the bucket call runs inside the commit script (one round trip fewer)
+        # one shard, one bucket call, nothing to clean (a few records, or one on a layout-1
+        # index; a single record otherwise takes put1), on a single server: the bucket call
+        # runs inside the commit script (one round trip fewer)
         single = not self._is_cluster and len(shards) == 1 and not garbage and len(cmds) == 1
         fused = cmds[0] if single else None
         if fused is None:
@@ -1184,7 +1188,7 @@ class RedisStore:
             retry: dict[int, list[int]] = {}
             for s, (status, info, dl) in zip(order, self._pipeline(cmds), strict=True):
                 cleaned[s] = []
-                dead[s] += [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]
+                dead[s] += _pairs(dl)
                 for p, st, cur in zip(todo[s], status, info, strict=True):
                     if st == 3:
                         expected[p] = int(cur)
@@ -1225,7 +1229,7 @@ class RedisStore:
                           _GC_PER_BEGIN, len(bk), ext.encode(), flags, batch.vectors[row],
                           sketch, nrff, meta or b"", *ba[:4], ba[5]])
         _, _, dl = self._pipeline([cmd])[0]
-        self._bury({s: [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]}, band_keys_of, lay)
+        self._bury({s: _pairs(dl)}, band_keys_of, lay)
         return True
 
     def _bury(self, dead: dict[int, list[tuple[int, bytes]]], band_keys_of: BandKeysFn,
@@ -1347,7 +1351,7 @@ class RedisStore:
                 order.append(s)
             retry: dict[int, list[str]] = {}
             for s, (status, info, dl) in zip(order, self._pipeline(cmds), strict=True):
-                dead[s] += [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]
+                dead[s] += _pairs(dl)
                 for e, st, cur in zip(todo[s], status, info, strict=True):
                     if st == 1:
                         removed += 1
@@ -1385,7 +1389,7 @@ class RedisStore:
             [*head, ret_flag, ext.encode(), iid, len(bk), *ba])])[0]
         if status != 1:
             return None
-        self._bury({s: [(int(dl[i]), dl[i + 1]) for i in range(0, len(dl), 2)]}, band_keys_of, lay)
+        self._bury({s: _pairs(dl)}, band_keys_of, lay)
         return 1
 
     @_unavailable
@@ -1527,7 +1531,7 @@ class RedisStore:
     def ids_fetch_and_news(self, iids: np.ndarray, field: str, token: object
                            ) -> tuple[list[str | None], list[bytes | None], bool, int | None]:
         """:meth:`ids_and_fetch`, whether any shard sequence moved past ``token``, and the
-        retirement count (layout 3; None before): one round trip.
+        retirement count (layout ≥ 3; None before): one round trip.
 
         Sequences only grow, so one moved past the token exactly when their sum did;
         on a single server that sum is one key, ``allocs``.
@@ -1550,7 +1554,7 @@ class RedisStore:
     @_unavailable
     def news_and_epoch(self, token: object) -> tuple[bool, int | None]:
         """Whether any iid was allocated since ``token``, and the retirement count: one
-        ``MGET`` of two counters (layout 3). Without that count (a Cluster, an older
+        ``MGET`` of two counters (layout ≥ 3). Without that count (a Cluster, an older
         layout): (True, None), so the caller falls back to :meth:`ids_fetch_and_news`."""
         lay = self._get_layout(create=False)
         if lay is None or not lay["retires"]:
@@ -1768,7 +1772,7 @@ class RedisStore:
             "vectors": self.count(),
             "shards": lay["shards"],
             "bucket_groups": lay["groups"],
-            "spill_bytes": lay.get("spill", 0),
+            "spill_bytes": lay["spill"],
         }
 
     def close(self) -> None:

@@ -380,6 +380,24 @@ def _connection_lost_at(monkeypatch, store: RedisStore, round_trip: int):
         monkeypatch.setattr(store, "_pipeline", real)
 
 
+def _round_trips(monkeypatch, store: RedisStore, after=None) -> list[list[str]]:
+    """Record the store's round trips, each as its commands' names (a script's by its
+    name); ``after(names)`` runs once each round trip has returned."""
+    trips: list[list[str]] = []
+    real = store._pipeline
+    names = {sha: name for name, sha in store._shas.items()}
+
+    def recording(cmds):
+        trips.append([names.get(c[1], c[0]) for c in cmds])
+        out = real(cmds)
+        if after is not None:
+            after(trips[-1])
+        return out
+
+    monkeypatch.setattr(store, "_pipeline", recording)
+    return trips
+
+
 @pytest.mark.parametrize("fail_at", [1, 2, 3, 4, 5])
 def test_interrupted_upsert_at_every_step_recovers(redis_url, redis_prefix, rng, monkeypatch,  # noqa: F811
                                                    fail_at):
@@ -428,20 +446,14 @@ def test_a_single_delete_is_two_round_trips(redis_url, redis_prefix, rng, monkey
     model = Model()
     batch, recs = make_batch([f"d{i}" for i in range(30)], rng)
     model.upsert(st, batch, recs)
-    calls: list[list[str]] = []
-    real = st._pipeline
-    names = {sha: name for name, sha in st._shas.items()}
     meddle: list[str] = []
 
-    def watching(cmds):
-        calls.append([names.get(c[1], c[0]) for c in cmds])
-        out = real(cmds)
-        if calls[-1] == ["look1"] and meddle:  # another writer replaces the id right now
+    def meddling(names):
+        if names == ["look1"] and meddle:  # another writer replaces the id right now
             b, r = make_batch([meddle.pop()], rng, tag="theirs")
             model.upsert(other, b, r)
-        return out
 
-    monkeypatch.setattr(st, "_pipeline", watching)
+    calls = _round_trips(monkeypatch, st, after=meddling)
     assert model.delete(st, ["d0"]) == 1
     assert calls == [["look1"], ["del1"]]
     assert_consistent(st, complete=True)
@@ -647,19 +659,12 @@ def test_receipts_one_per_bucket_call_and_they_expire(redis_url, redis_prefix, r
     monkeypatch.setattr(redis_store, "_CALL_BUCKETS", 7)
     store = RedisStore(redis_url, prefix=redis_prefix, shards=3, bucket_groups=11,
                        socket_timeout=3.0)
-    real = store._pipeline
-    calls = []
-
-    def counting(cmds):
-        calls.extend(c for c in cmds if c[0] == "EVALSHA" and c[1] in {
-            store._shas["badd"], store._shas["badd+commit"]})
-        return real(cmds)
-
-    monkeypatch.setattr(store, "_pipeline", counting)
+    trips = _round_trips(monkeypatch, store)
     batch, _ = make_batch([f"r{i}" for i in range(40)], rng)
     store.upsert(batch, band_keys_of)
     one, _ = make_batch(["one"], rng)
     store.upsert(one, band_keys_of)
+    calls = [n for trip in trips for n in trip if n in ("badd", "badd+commit")]
     r = store._r()
     receipts = list(r.scan_iter(match=store._receipt_prefix + b"*", count=1000))
     assert len(receipts) == len(calls) > 2
@@ -859,11 +864,7 @@ def test_a_single_new_upsert_is_one_round_trip(redis_url, redis_prefix, rng, mon
     model = Model()
     warm, recs = make_batch(["w"], rng)
     model.upsert(st, warm, recs)
-    calls: list[list[str]] = []
-    real = st._pipeline
-    names = {sha: name for name, sha in st._shas.items()}
-    monkeypatch.setattr(st, "_pipeline", lambda cmds: calls.append(
-        [names.get(c[1], c[0]) for c in cmds]) or real(cmds))
+    calls = _round_trips(monkeypatch, st)
     one, recs = make_batch(["s1"], rng)
     model.upsert(st, one, recs)
     assert calls == [["put1"]]
