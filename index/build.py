@@ -1,9 +1,13 @@
 """The streaming batch build: chunks from a :class:`~index.readers.Reader` into an :class:`~index.index.Index`.
 
-Memory is bounded by the chunk size: a background thread reads (and parses)
-the next chunks while the current one is hashed on all cores by
-``Index.upsert`` and written as one transaction, and at most ``prefetch``
-chunks wait in between.
+Memory is bounded by the chunk size, in a three-stage pipeline: a reader
+thread parses the next chunks (at most ``prefetch`` wait), a hashing thread
+checks and hashes the chunk after the one being written (``Index.prepare``, on
+all cores), and the calling thread writes one chunk at a time
+(``Index.write``, one transaction). Hashing the next chunk during a write
+hides most of its cost: it is ~15 µs of a vector's ~130 on Redis and of ~55 on
+LMDB (bench/RESULTS.md). Writes stay in input order, so the last occurrence of
+an id wins as in one big upsert.
 
 Interrupting is safe, and running the same build again finishes the job:
 
@@ -29,6 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -142,17 +147,56 @@ def _take(chunk: Chunk, keep: np.ndarray) -> tuple[list[str], object, list | Non
     return ids, X, meta
 
 
-def _upsert(index, chunk: Chunk, ids: list[str], X, meta) -> None:
-    """``index.upsert``, with a refused row reported at its place in the input file."""
+def _located(chunk: Chunk, ids: list[str], exc: VectorError) -> Exception:
+    """A refused row reported at its place in the input file."""
+    m = re.match(r"^[a-z_]+\[(\d+)\]", exc.field or "")
+    if m is None:
+        return InputFormatError(chunk.source, str(exc))
+    i = int(m.group(1))
+    pos = chunk.ids.index(ids[i]) if i < len(ids) else i
+    return chunk.error(pos, exc.reason)
+
+
+@dataclass
+class _Staged:
+    """A chunk ready to write: its invalid rows (left out) and its hashed records."""
+
+    bad: list[tuple[int, str]]
+    ids: list[str]
+    X: object
+    meta: list | None
+    batch: object | None  # RecordBatch from Index.prepare; None: write with Index.upsert
+
+
+def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
+    """Check a chunk's rows and hash them: all the CPU work before the store write.
+
+    Runs on the hashing thread for the chunk after the one being written.
+    """
+    ids, X, meta = chunk.ids, chunk.X, chunk.metadata
+    bad = invalid_rows(X)
+    if bad:
+        if on_invalid == "error":
+            i, problem = bad[0]
+            raise chunk.error(i, problem)
+        ids, X, meta = _take(chunk, np.setdiff1d(np.arange(len(chunk)), [i for i, _ in bad]))
+    batch = None
+    if ids and hasattr(index, "prepare"):
+        try:
+            batch = index.prepare(ids, X, meta)
+        except VectorError as exc:
+            raise _located(chunk, ids, exc) from None
+    return _Staged(bad, ids, X, meta, batch)
+
+
+def _write(index, chunk: Chunk, staged: _Staged) -> None:
+    if staged.batch is not None:
+        index.write(staged.batch)
+        return
     try:
-        index.upsert(ids, X, meta)
+        index.upsert(staged.ids, staged.X, staged.meta)
     except VectorError as exc:
-        m = re.match(r"^[a-z_]+\[(\d+)\]", exc.field or "")
-        if m is None:
-            raise InputFormatError(chunk.source, str(exc)) from None
-        i = int(m.group(1))
-        pos = chunk.ids.index(ids[i]) if i < len(ids) else i
-        raise chunk.error(pos, exc.reason) from None
+        raise _located(chunk, staged.ids, exc) from None
 
 
 # --- resume -------------------------------------------------------------------------
@@ -352,29 +396,31 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     stop = threading.Event()
     bar = _progress_bar(reader, progress, log)
     shown_invalid = 0
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-hash")
+    chunks = _prefetched(reader.chunks(), prefetch, stop)
     try:
         with _StopRequest(log) if handle_signals else contextlib.nullcontext() as req:
-            for chunk in _prefetched(reader.chunks(), prefetch, stop):
+            ahead: tuple[Chunk, Future] | None = None  # the next chunk, hashing meanwhile
+            chunk = next(chunks, None)
+            while chunk is not None:
                 n = len(chunk)
                 summary.rows += n
-                if resume and chunk_done(index, chunk):
-                    summary.skipped += n
+                following = None
+                if resume and chunk_done(index, chunk):  # after the previous chunk is written
+                    summary.skipped += n                 # (a hashed-ahead batch is dropped)
                 else:
-                    ids, X, meta = chunk.ids, chunk.X, chunk.metadata
-                    bad = invalid_rows(X)
-                    if bad:
-                        if on_invalid == "error":
-                            i, problem = bad[0]
-                            raise chunk.error(i, problem)
-                        keep = np.setdiff1d(np.arange(n), [i for i, _ in bad])
-                        ids, X, meta = _take(chunk, keep)
-                        summary.invalid += len(bad)
-                        for i, problem in bad[: max(0, 5 - shown_invalid)]:
-                            bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
-                            shown_invalid += 1
-                    if len(ids):
-                        _upsert(index, chunk, ids, X, meta)
-                        summary.vectors += len(ids)
+                    staged = (ahead[1].result() if ahead is not None and ahead[0] is chunk
+                              else _stage(index, chunk, on_invalid))
+                    following = next(chunks, None)
+                    if following is not None:  # hash it while this one is written
+                        ahead = (following, hasher.submit(_stage, index, following, on_invalid))
+                    for i, problem in staged.bad[: max(0, 5 - shown_invalid)]:
+                        bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
+                        shown_invalid += 1
+                    summary.invalid += len(staged.bad)
+                    if staged.ids:
+                        _write(index, chunk, staged)
+                        summary.vectors += len(staged.ids)
                 bar.update(n)
                 if reader.rows is None and chunk.end_byte > 0:
                     bar.total = max(summary.rows, int(summary.rows * reader.size_bytes / chunk.end_byte))
@@ -383,8 +429,11 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                 if req is not None and req.requested:
                     summary.interrupted = True
                     break
+                chunk = following if following is not None else next(chunks, None)
     finally:
         stop.set()
+        hasher.shutdown(wait=True, cancel_futures=True)
+        chunks.close()
         bar.close()
         summary.seconds = time.perf_counter() - t0
     try:

@@ -379,6 +379,24 @@ class Index:
     # --- writes ---------------------------------------------------------------------
     def upsert(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> int:
         """Insert or replace vectors by id. Validates all rows first; writes all or nothing."""
+        return self.write(self.prepare(ids, X, metadata))
+
+    def write(self, batch: RecordBatch) -> int:
+        """Store a batch made by :meth:`prepare` (all or nothing); returns its number of rows.
+
+        Split from :meth:`prepare` so that a bulk load can hash the next batch on
+        other cores while this one is written (see :mod:`index.build`).
+        """
+        if len(batch):
+            self.store.upsert(batch, self.banding.keys_from_sketches)
+        return len(batch)
+
+    def prepare(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> RecordBatch:
+        """Validate and hash rows into the records :meth:`write` stores; touches no store.
+
+        Raises :class:`VectorError` naming the first bad field (``ids[i]``, ``metadata[i]``,
+        a row of ``X``).
+        """
         ids = [self._check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
         n = X.shape[0] if hasattr(X, "shape") and np.ndim(X) == 2 else len(X)
         if len(ids) != n:
@@ -386,7 +404,8 @@ class Index:
         if metadata is not None and len(metadata) != n:
             raise VectorError("metadata", f"{len(metadata)} entries for {n} vectors")
         if n == 0:
-            return 0
+            return RecordBatch(ids=[], vectors=[], sketches=np.zeros((0, 0), np.uint8),
+                               band_keys=np.zeros((0, 0, 0), np.uint8))
         X32 = self._as_stored(X)
         meta = None
         if metadata is not None:
@@ -418,8 +437,7 @@ class Index:
             nrff=feats,
             meta=meta,
         )
-        self.store.upsert(batch, self.banding.keys_from_sketches)
-        return n
+        return batch
 
     def delete(self, ids: Sequence[str]) -> int:
         """Remove these ids everywhere; returns how many existed."""

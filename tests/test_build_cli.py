@@ -252,6 +252,43 @@ def test_build_streams_chunks_and_resumes(tmp_path):
         build(ix, open_reader(tmp_path / "x.npy"), progress=False)
 
 
+@pytest.mark.parametrize("backend", ["lmdb", "redis"])
+def test_hashing_ahead_keeps_input_order_and_stops_at_the_bad_chunk(backend, tmp_path, request):
+    """The next chunk is hashed while one is written: an id repeated in a later chunk still
+    ends with the later row, and a bad row in chunk 3 stops the build with chunks 1–2 written
+    and nothing of chunk 3 (its hashing-ahead error surfaces only when its turn comes)."""
+    rng = np.random.default_rng(8)
+    X = rng.random((40, 6)) + 0.01
+    ids = [f"r{i}" for i in range(40)]
+    ids[25] = ids[3]  # chunk 3 (rows 20-29) replaces a row of chunk 1
+    ids[12] = ids[31]  # chunk 4 replaces a row of chunk 2
+    csv = tmp_path / "x.csv"
+
+    def reader():
+        csv.write_text("id,a,b,c,d,e,f\n" + "".join(
+            f"{i}," + ",".join(repr(v) for v in row.tolist()) + "\n" for i, row in zip(ids, X, strict=True)))
+        return open_reader(csv, id_column="id", chunk_rows=10)
+
+    def stored(i: int) -> np.ndarray:
+        return ix.get(ids[i]).values
+
+    _, loc, kw = _target(backend, tmp_path, request)
+    cfg = IndexConfig(dim=6, bands=4, rows=2)
+    with Index.open(loc, cfg, **kw) as ix:
+        s = build(ix, reader(), progress=False)
+        assert (s.rows, s.vectors, s.count) == (40, 40, 38)
+        assert np.array_equal(stored(3), X[25].astype(np.float32))
+        assert np.array_equal(stored(12), X[31].astype(np.float32))
+        X[5, 0] += 1.0  # chunk 1 changed: written again
+        X[24] = 0.0  # chunk 3 now holds an all-zero row (CSV line 26)
+        with pytest.raises(InputFormatError, match=r"x\.csv:26: all-zero vector"):
+            build(ix, reader(), progress=False)
+        assert np.array_equal(stored(5), X[5].astype(np.float32))
+        assert np.array_equal(stored(12), X[12].astype(np.float32))  # chunk 2 written (its r31 differs)
+        assert np.array_equal(stored(3), X[3].astype(np.float32))  # chunk 3 wrote nothing
+        assert ix.count() == 38
+
+
 # --- acceptance 1: three formats, one index ---------------------------------------------------
 
 
