@@ -407,7 +407,8 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                 summary.rows += n
                 following = None
                 if resume and chunk_done(index, chunk):  # after the previous chunk is written
-                    summary.skipped += n                 # (a hashed-ahead batch is dropped)
+                    summary.skipped += n
+                    ahead = None  # its hashed-ahead batch, if any, is dropped
                 else:
                     staged = (ahead[1].result() if ahead is not None and ahead[0] is chunk
                               else _stage(index, chunk, on_invalid))
