@@ -382,7 +382,10 @@ class Index:
         return self.write(self.prepare(ids, X, metadata))
 
     def write(self, batch: RecordBatch) -> int:
-        """Store a batch made by :meth:`prepare` (all or nothing); returns its number of rows.
+        """Store a batch made by this index's :meth:`prepare` (all or nothing); returns its rows.
+
+        The batch's band keys follow this index's configuration: one prepared by an index
+        with other parameters would file its vectors in the wrong buckets.
 
         Split from :meth:`prepare` so that a bulk load can hash the next batch on
         other cores while this one is written (see :mod:`index.build`).
