@@ -41,6 +41,7 @@ import scipy.sparse as sp
 
 from core.validate import VectorError
 from index.readers import Chunk, InputFormatError, Reader
+from index.store import RecordBatch
 
 
 @dataclass
@@ -159,20 +160,15 @@ def _located(chunk: Chunk, ids: list[str], exc: VectorError) -> Exception:
 
 @dataclass
 class _Staged:
-    """A chunk ready to write: its invalid rows (left out) and its hashed records."""
+    """A chunk ready to write: its invalid rows (left out) and the records of the others."""
 
     bad: list[tuple[int, str]]
-    ids: list[str]
-    X: object
-    meta: list | None
-    batch: object | None  # RecordBatch from Index.prepare; None: write with Index.upsert
+    batch: RecordBatch
 
 
 def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
-    """Check a chunk's rows and hash them: all the CPU work before the store write.
-
-    Runs on the hashing thread for the chunk after the one being written.
-    """
+    """Check a chunk's rows and hash them (``Index.prepare``): all the CPU work before the
+    store write. Runs on the hashing thread for the chunk after the one being written."""
     ids, X, meta = chunk.ids, chunk.X, chunk.metadata
     bad = invalid_rows(X)
     if bad:
@@ -180,23 +176,10 @@ def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
             i, problem = bad[0]
             raise chunk.error(i, problem)
         ids, X, meta = _take(chunk, np.setdiff1d(np.arange(len(chunk)), [i for i, _ in bad]))
-    batch = None
-    if ids and hasattr(index, "prepare"):
-        try:
-            batch = index.prepare(ids, X, meta)
-        except VectorError as exc:
-            raise _located(chunk, ids, exc) from None
-    return _Staged(bad, ids, X, meta, batch)
-
-
-def _write(index, chunk: Chunk, staged: _Staged) -> None:
-    if staged.batch is not None:
-        index.write(staged.batch)
-        return
     try:
-        index.upsert(staged.ids, staged.X, staged.meta)
+        return _Staged(bad, index.prepare(ids, X, meta))
     except VectorError as exc:
-        raise _located(chunk, staged.ids, exc) from None
+        raise _located(chunk, ids, exc) from None
 
 
 # --- resume -------------------------------------------------------------------------
@@ -400,7 +383,7 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     chunks = _prefetched(reader.chunks(), prefetch, stop)
     try:
         with _StopRequest(log) if handle_signals else contextlib.nullcontext() as req:
-            ahead: tuple[Chunk, Future] | None = None  # the next chunk, hashing meanwhile
+            ahead: Future | None = None  # _stage of this chunk, run while the previous one was written
             chunk = next(chunks, None)
             while chunk is not None:
                 n = len(chunk)
@@ -410,18 +393,14 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                     summary.skipped += n
                     ahead = None  # its hashed-ahead batch, if any, is dropped
                 else:
-                    staged = (ahead[1].result() if ahead is not None and ahead[0] is chunk
-                              else _stage(index, chunk, on_invalid))
-                    following = next(chunks, None)
-                    if following is not None:  # hash it while this one is written
-                        ahead = (following, hasher.submit(_stage, index, following, on_invalid))
+                    staged = ahead.result() if ahead is not None else _stage(index, chunk, on_invalid)
+                    following = next(chunks, None)  # hashed while this one is written
+                    ahead = hasher.submit(_stage, index, following, on_invalid) if following is not None else None
                     for i, problem in staged.bad[: max(0, 5 - shown_invalid)]:
                         bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
                         shown_invalid += 1
                     summary.invalid += len(staged.bad)
-                    if staged.ids:
-                        _write(index, chunk, staged)
-                        summary.vectors += len(staged.ids)
+                    summary.vectors += index.write(staged.batch)
                 bar.update(n)
                 if reader.rows is None and chunk.end_byte > 0:
                     bar.total = max(summary.rows, int(summary.rows * reader.size_bytes / chunk.end_byte))

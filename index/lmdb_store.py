@@ -298,7 +298,7 @@ class LmdbStore:
         sorted_keys = flat_keys[order]
         bucket_rows = order // n_bands
         nrff = None
-        if batch.nrff is not None and batch.nrff.shape[1] > 0:
+        if batch.has_nrff:
             nrff = _rows_as_bytes(np.asarray(batch.nrff, dtype=np.float32)[rows])
         meta = [batch.meta[i] for i in rows] if batch.meta is not None else [None] * m
 

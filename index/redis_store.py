@@ -747,6 +747,11 @@ def _key_words(keys: np.ndarray) -> np.ndarray:
     return padded.view(np.uint64)
 
 
+def _blob_flags(has_nrff: bool, meta: bytes | None) -> str:
+    """The optional blobs a record's script writes: ``f`` (NRFF features), ``m`` (metadata)."""
+    return ("f" if has_nrff else "") + ("m" if meta is not None else "")
+
+
 def _pairs(flat: list) -> list[tuple[int, bytes]]:
     """A script's flat (iid, sketch, iid, sketch, ...) reply as (iid, sketch) pairs."""
     return [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
@@ -1117,7 +1122,7 @@ class RedisStore:
         sketches = np.ascontiguousarray(np.asarray(batch.sketches)[rows], dtype=np.uint8)
         sk_bytes = _rows(sketches)
         exts = [batch.ids[i] for i in rows.tolist()]
-        has_nrff = batch.nrff is not None and batch.nrff.shape[1] > 0
+        has_nrff = batch.has_nrff
         nrff = _rows(np.asarray(batch.nrff, dtype="<f4")[rows]) if has_nrff else None
         metas = [batch.meta[i] for i in rows.tolist()] if batch.meta is not None else None
         by_shard: dict[int, list[int]] = defaultdict(list)
@@ -1174,7 +1179,7 @@ class RedisStore:
                         len(cleaned[s]), *cleaned[s]]
                 for p in ps:
                     meta = metas[p] if metas is not None else None
-                    flags = ("f" if has_nrff else "") + ("m" if meta is not None else "")
+                    flags = _blob_flags(has_nrff, meta)
                     args += [exts[p].encode(), int(iids[p]), int(expected[p]), flags,
                              batch.vectors[rows[p]], sk_bytes[p],
                              nrff[p] if nrff is not None else b"", meta or b""]
@@ -1217,8 +1222,8 @@ class RedisStore:
             return False
         bk, ba = _eval_parts(calls[0])
         meta = batch.meta[row] if batch.meta is not None else None
-        has_nrff = batch.nrff is not None and batch.nrff.shape[1] > 0
-        flags = ("f" if has_nrff else "") + ("m" if meta is not None else "")
+        has_nrff = batch.has_nrff
+        flags = _blob_flags(has_nrff, meta)
         ids_k, pend_k, gc_k, n_k, seq_k = self._shard_keys(s)
         ret_flag, _ = self._retire_counting(lay)
         sketch = np.ascontiguousarray(np.asarray(batch.sketches)[row], dtype=np.uint8).tobytes()

@@ -66,6 +66,11 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def has_nrff(self) -> bool:
+        """Whether the records carry NRFF features (an index with ``nrff_k`` > 0)."""
+        return self.nrff is not None and self.nrff.shape[1] > 0
+
     def check(self) -> None:
         """Reject a malformed batch (ValueError naming each problem) before a store writes any of it."""
         n = len(self.ids)
