@@ -30,7 +30,7 @@ from bench.common import DATA, emit, start_redis
 def cli_build(args: list[str]) -> tuple[float, dict]:
     t = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "service.cli", "build", *args, "--no-progress", "--json"],
+        [sys.executable, "-m", "gmmlsh.service.cli", "build", *args, "--no-progress", "--json"],
         capture_output=True,
         text=True,
         check=True,

@@ -25,11 +25,10 @@ from pathlib import Path
 import numba
 import numpy as np
 import scipy.sparse as sp
-
-from core import gcws
-from core.gcws import sketch
-from core.gmm import gmm, gmm_many, gmm_matrix, l1_norms
-from core.nrff import features
+from gmmlsh.core import gcws
+from gmmlsh.core.gcws import sketch
+from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms
+from gmmlsh.core.nrff import features
 
 DATA = Path(os.environ.get("GMMLSH_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 K = 256

@@ -54,15 +54,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
+from gmmlsh.core import gcws, nrff  # noqa: E402
+from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms  # noqa: E402
+from gmmlsh.core.parallel import PARALLEL_LOCK  # noqa: E402
+from gmmlsh.index.config import IndexConfig  # noqa: E402
+from gmmlsh.index.index import Index  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from bench.common import DATA  # noqa: E402
-from core import gcws, nrff  # noqa: E402
-from core.gmm import gmm, gmm_many, gmm_matrix, l1_norms  # noqa: E402
-from core.parallel import PARALLEL_LOCK  # noqa: E402
-from index.config import IndexConfig  # noqa: E402
-from index.index import Index  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("recall_qps.png", "estimator_mse.png", "var_over_e2.png", "knn_accuracy.png", "samples_to_recall.png")
@@ -180,7 +180,7 @@ def _label_codes(labels: list) -> np.ndarray | None:
 def load_file(path: Path, *, n: int | None, queries: int, npz_key: str | None = None,
               npz_label_key: str | None = None, label_column: str | None = None, seed: int = SEED) -> Dataset:
     """Read a user's file with the build's readers; hold out random rows as queries."""
-    from index.readers import open_reader
+    from gmmlsh.index.ingest.readers import open_reader
 
     reader = open_reader(path, key=npz_key, label_key=npz_label_key, label_column=label_column)
     parts, labels = [], []

@@ -10,9 +10,8 @@ rows stays cheap; chance agreement is 1/4, which shifts every score alike:
 from __future__ import annotations
 
 import numpy as np
+from gmmlsh.core.intrinsics import popcount
 from numba import njit
-
-from core.intrinsics import popcount
 
 _M01 = np.uint64(0x5555555555555555)
 SAMPLES_PER_WORD = 32

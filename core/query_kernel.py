@@ -9,12 +9,11 @@ on arrays, so the answer is the one the step-by-step path gives.
 from __future__ import annotations
 
 import numpy as np
+from gmmlsh.core.agreement import _pack2, top_by_agreement
+from gmmlsh.core.gcws import _codes, _sample_dense_serial
+from gmmlsh.core.gmm import _SERIAL
+from gmmlsh.core.parallel import twin_kernels
 from numba import njit, prange
-
-from core.agreement import _pack2, top_by_agreement
-from core.gcws import _codes, _sample_dense_serial
-from core.gmm import _SERIAL
-from core.parallel import twin_kernels
 
 _dense_scores = _SERIAL[0]
 

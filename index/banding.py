@@ -9,8 +9,7 @@ probability ``p ≈ GMM + (1 − GMM)·2^-b``.
 from __future__ import annotations
 
 import numpy as np
-
-from core.gcws import pack_codes, unpack_codes
+from gmmlsh.core.gcws import pack_codes, unpack_codes
 
 
 class Banding:

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
-
-from core.gmm import l1_norms
-from index import codec
+from gmmlsh.core.gmm import l1_norms
+from gmmlsh.index import codec
 
 #: Stop listing problems of one kind after this many examples.
 MAX_EXAMPLES = 10

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from core.gcws import packed_bytes
-from core.rng import GENERATOR_VERSION
+from gmmlsh.core.gcws import packed_bytes
+from gmmlsh.core.rng import GENERATOR_VERSION
 
 #: Bump when the stored layout changes; an index of another version is refused.
 FORMAT_VERSION = 1

@@ -28,19 +28,17 @@ import numba
 import numpy as np
 import orjson
 import scipy.sparse as sp
-from numba import njit
-
-from core import gcws, nrff
-from core.agreement import SAMPLES_PER_WORD, agreement2, first_words, pack2, top_by_agreement
-from core.gmm import l1_norms, score_rows
-from core.parallel import PARALLEL_LOCK
-from core.query_kernel import (
+from gmmlsh.core import gcws, nrff
+from gmmlsh.core.agreement import SAMPLES_PER_WORD, agreement2, first_words, pack2, top_by_agreement
+from gmmlsh.core.gmm import l1_norms, score_rows
+from gmmlsh.core.parallel import PARALLEL_LOCK
+from gmmlsh.core.query_kernel import (
     best_by_score,
     rank_dense_queries_parallel,
     rank_dense_queries_serial,
     rank_dense_query,
 )
-from core.validate import (
+from gmmlsh.core.validate import (
     NonFiniteError,
     VectorError,
     ZeroVectorError,
@@ -49,11 +47,12 @@ from core.validate import (
     check_sparse,
     dense_float32_or_none,
 )
-from index import codec
-from index.answer_cache import AnswerCache
-from index.banding import Banding
-from index.config import IndexConfig
-from index.store import ConfigConflict, RecordBatch, Store
+from gmmlsh.index import codec
+from gmmlsh.index.answer_cache import AnswerCache
+from gmmlsh.index.banding import Banding
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
+from numba import njit
 
 MODES = ("lsh", "exact", "nrff")
 #: Largest k a query may ask for.
@@ -244,10 +243,10 @@ def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
     """A directory → LMDB; a ``redis://`` / ``rediss://`` URL → Redis."""
     loc = str(location)
     if is_redis(loc):
-        from index.redis_store import RedisStore
+        from gmmlsh.index.store.redis import RedisStore
 
         return RedisStore(loc, prefix=prefix, **options)
-    from index.lmdb_store import LmdbStore
+    from gmmlsh.index.store.lmdb import LmdbStore
 
     return LmdbStore(loc, **options)
 
@@ -310,7 +309,7 @@ class Index:
         loc = str(location)
         shown = loc
         if is_redis(loc):
-            from index.redis_store import mask_url
+            from gmmlsh.index.store.redis import mask_url
 
             shown = mask_url(loc)  # error messages never carry a password
         elif config is None and not (Path(loc) / "data.mdb").exists():
@@ -991,7 +990,7 @@ class Index:
 
     def check(self):
         """Full integrity check (see :mod:`index.check`); returns a report with ``.ok``."""
-        from index.check import check_index
+        from gmmlsh.index.check import check_index
 
         return check_index(self)
 

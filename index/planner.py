@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
-
-from core import gcws
-from core.gmm import gmm_many
+from gmmlsh.core import gcws
+from gmmlsh.core.gmm import gmm_many
 
 #: Layouts tried, cheapest first by samples per vector.
 GRID = tuple((L, r) for k in (128, 192, 256, 384, 512) for r in (3, 4, 6, 8) for L in (k // r,) if k % r == 0)

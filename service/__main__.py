@@ -2,6 +2,6 @@
 
 import sys
 
-from service.cli import main
+from gmmlsh.service.cli import main
 
 sys.exit(main())

@@ -25,17 +25,16 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 import numpy as np
 from fastapi import FastAPI
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+from gmmlsh.service.errors import ORJSONResponse, install_handlers
+from gmmlsh.service.limits import BodyLimitMiddleware
+from gmmlsh.service.metrics import Metrics, MetricsMiddleware
+from gmmlsh.service.routes import api, public
+from gmmlsh.service.schemas import request_schemas
+from gmmlsh.service.settings import Settings
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
-
-from index.config import IndexConfig
-from index.index import Index
-from service.errors import ORJSONResponse, install_handlers
-from service.limits import BodyLimitMiddleware
-from service.metrics import Metrics, MetricsMiddleware
-from service.routes import api, public
-from service.schemas import request_schemas
-from service.settings import Settings
 
 log = logging.getLogger("gmmlsh.service")
 
@@ -99,7 +98,7 @@ def open_index(settings: Settings) -> Index:
 
 def _is_missing(exc: Exception) -> bool:
     """Whether ``Index.open(create=False)`` failed because there is no index yet."""
-    from index.store import ConfigConflict, StoreUnavailable
+    from gmmlsh.index.store.base import ConfigConflict, StoreUnavailable
 
     if isinstance(exc, (ConfigConflict, StoreUnavailable)):
         return False

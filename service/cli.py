@@ -133,7 +133,7 @@ def _describe_location(kind: str, loc: str, prefix: str) -> str:
 
 
 def _open_index(args, *, must_exist: bool = True):
-    from index.index import Index
+    from gmmlsh.index.index import Index
 
     kind, loc, prefix = _location(args)
     try:
@@ -243,7 +243,7 @@ def _plan(reader, args, log) -> dict:
     ``rows``, ``bits`` and ``candidates`` (the rerank budget, stored with the
     index as its default), plus anything else worth printing.
     """
-    from index import planner
+    from gmmlsh.index import planner
 
     sample = reader.sample(args.plan_sample)
     if sample is None or sample.shape[0] == 0:
@@ -290,10 +290,10 @@ def _estimate_rows(reader, sample) -> int:
 
 
 def cmd_build(args) -> int:
-    from index.build import build
-    from index.config import IndexConfig
-    from index.index import Index
-    from index.readers import open_reader
+    from gmmlsh.index.config import IndexConfig
+    from gmmlsh.index.index import Index
+    from gmmlsh.index.ingest.build import build
+    from gmmlsh.index.ingest.readers import open_reader
 
     log = sys.stderr
     kind, loc, prefix = _location(args)
@@ -377,10 +377,9 @@ def _add_serve(sub) -> None:
 
 
 def cmd_serve(args) -> int:
+    from gmmlsh.service.server import serve
+    from gmmlsh.service.settings import Settings
     from pydantic import ValidationError
-
-    from service.server import serve
-    from service.settings import Settings
 
     kind, loc, prefix = _location(args)
     if kind == "lmdb" and not (Path(loc) / "data.mdb").exists() and not os.environ.get(_env_name("dim")):
@@ -416,7 +415,7 @@ Examples:
 
 
 def _add_query(sub) -> None:
-    from index.index import MODES
+    from gmmlsh.index.index import MODES
 
     p = sub.add_parser("query", help="nearest neighbours of an id or a vector", description=QUERY_HELP,
                        epilog=QUERY_EXAMPLE, formatter_class=_Formatter)
@@ -442,7 +441,7 @@ def _add_query(sub) -> None:
 
 
 def _query_vector(args, dim: int):
-    from index.readers import InputFormatError, open_reader
+    from gmmlsh.index.ingest.readers import InputFormatError, open_reader
 
     if args.vector is not None:
         try:
@@ -462,7 +461,7 @@ def _query_vector(args, dim: int):
 
 
 def _is_svm(args) -> bool:
-    from index.readers import detect_format
+    from gmmlsh.index.ingest.readers import detect_format
 
     return detect_format(args.vector_file, args.format) == "svmlight"
 
@@ -512,7 +511,7 @@ def _add_info(sub) -> None:
 
 
 def cmd_info(args) -> int:
-    from index.build import _human_bytes, index_size
+    from gmmlsh.index.ingest.build import _human_bytes, index_size
 
     kind, loc, prefix = _location(args)
     index = _open_index(args)
@@ -577,7 +576,7 @@ def _add_check(sub) -> None:
 
 
 def cmd_check(args) -> int:
-    from index.check import check_index
+    from gmmlsh.index.check import check_index
 
     if args.older_than < 0:
         raise UsageError(f"--older-than: must be ≥ 0, got {args.older_than:g}")
@@ -631,7 +630,7 @@ def _add_snapshot(sub) -> None:
 def cmd_snapshot(args) -> int:
     import time
 
-    from index.index import Index
+    from gmmlsh.index.index import Index
 
     kind, loc, prefix = _location(args)
     if kind == "redis":
@@ -791,10 +790,10 @@ def _version() -> str:
 
 def _error_code(exc: BaseException) -> int:
     """Usage/input problems → 2; everything else (store down, I/O, bugs) → 1."""
-    from core.validate import VectorError
-    from index.index import UnknownIdError
-    from index.readers import InputFormatError
-    from index.store import ConfigConflict, StoreUnavailable
+    from gmmlsh.core.validate import VectorError
+    from gmmlsh.index.index import UnknownIdError
+    from gmmlsh.index.ingest.readers import InputFormatError
+    from gmmlsh.index.store.base import ConfigConflict, StoreUnavailable
 
     if isinstance(exc, StoreUnavailable):
         return EXIT_RUNTIME
@@ -804,7 +803,7 @@ def _error_code(exc: BaseException) -> int:
 
 
 def _message(exc: BaseException) -> str:
-    from index.index import UnknownIdError
+    from gmmlsh.index.index import UnknownIdError
 
     if isinstance(exc, UnknownIdError):
         return str(exc)

@@ -7,11 +7,10 @@ import hmac
 
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader
-
-from index.index import Index
-from service.errors import ApiError
-from service.metrics import Metrics
-from service.settings import Settings
+from gmmlsh.index.index import Index
+from gmmlsh.service.errors import ApiError
+from gmmlsh.service.metrics import Metrics
+from gmmlsh.service.settings import Settings
 
 API_KEY_HEADER = "X-API-Key"
 _api_key_scheme = APIKeyHeader(

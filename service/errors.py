@@ -18,13 +18,12 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from gmmlsh.core.validate import VectorError
+from gmmlsh.index.index import UnknownIdError
+from gmmlsh.index.store.base import ConfigConflict, StoreError, StoreUnavailable
+from gmmlsh.service.schemas import UNION_TAGS, ErrorResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-
-from core.validate import VectorError
-from index.index import UnknownIdError
-from index.store import ConfigConflict, StoreError, StoreUnavailable
-from service.schemas import UNION_TAGS, ErrorResponse
 
 log = logging.getLogger("gmmlsh.service")
 

@@ -18,18 +18,16 @@ import numpy as np
 import orjson
 import scipy.sparse as sp
 from fastapi.exceptions import RequestValidationError
-from pydantic import TypeAdapter, ValidationError
-
-from core.validate import (
+from gmmlsh.core.validate import (
     DimensionError,
     VectorError,
     ZeroVectorError,
     check_dense,
     check_sparse,
 )
-from index.index import Index, QueryResult, UnknownIdError
-from service.errors import ApiError
-from service.schemas import (
+from gmmlsh.index.index import Index, QueryResult, UnknownIdError
+from gmmlsh.service.errors import ApiError
+from gmmlsh.service.schemas import (
     SEARCH_BODY,
     UPSERT_BODY,
     QueryParams,
@@ -38,7 +36,8 @@ from service.schemas import (
     VectorBatch,
     VectorIn,
 )
-from service.settings import Settings
+from gmmlsh.service.settings import Settings
+from pydantic import TypeAdapter, ValidationError
 
 
 def parse_body(adapter: TypeAdapter, body: bytes) -> Any:

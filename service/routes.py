@@ -7,16 +7,12 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
-from starlette.concurrency import run_in_threadpool
-from starlette.convertors import Convertor, register_url_convertor
-from starlette.responses import Response
-
-from index.index import Index
-from service import ops
-from service.deps import get_index, get_metrics, get_settings, require_api_key
-from service.errors import ApiError, ORJSONResponse, responses
-from service.metrics import Metrics
-from service.schemas import (
+from gmmlsh.index.index import Index
+from gmmlsh.service import ops
+from gmmlsh.service.deps import get_index, get_metrics, get_settings, require_api_key
+from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
+from gmmlsh.service.metrics import Metrics
+from gmmlsh.service.schemas import (
     DeleteResponse,
     HealthResponse,
     Mode,
@@ -27,7 +23,10 @@ from service.schemas import (
     UpsertResponse,
     VectorOut,
 )
-from service.settings import Settings
+from gmmlsh.service.settings import Settings
+from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.responses import Response
 
 #: Seconds /health waits for the store before answering 503.
 HEALTH_TIMEOUT = 5.0

@@ -2,8 +2,8 @@
 
 Usage (from the CLI or any script)::
 
-    from service.server import serve
-    from service.settings import Settings
+    from gmmlsh.service.server import serve
+    from gmmlsh.service.settings import Settings
     serve(Settings(index="./idx"), host="0.0.0.0", port=8000, workers=4)
 
 uvicorn spawns its workers as fresh processes that import the app from a string
@@ -21,12 +21,12 @@ import socket
 import tempfile
 from typing import TYPE_CHECKING
 
-from service.settings import Settings
+from gmmlsh.service.settings import Settings
 
 if TYPE_CHECKING:
     import uvicorn
 
-APP = "service.app:create_app"
+APP = "gmmlsh.service.app:create_app"
 
 
 def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None,

@@ -105,7 +105,7 @@ class Settings(BaseSettings):
         """:attr:`location` fit for logs and messages: a Redis password is masked."""
         if not self.redis_url:
             return self.index
-        from index.redis_store import mask_url
+        from gmmlsh.index.store.redis import mask_url
 
         return f"{mask_url(self.redis_url)} (prefix {self.prefix!r})"
 

@@ -35,8 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
-from index.store import FIELDS, RecordBatch
+from gmmlsh.index.store.base import FIELDS, RecordBatch
 
 N_BANDS = 4
 BAND_BYTES = 2

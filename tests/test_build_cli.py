@@ -25,13 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+from gmmlsh.index.ingest.build import build, invalid_rows
+from gmmlsh.index.ingest.readers import InputFormatError, open_reader
+from gmmlsh.service.cli import main
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
-
-from index.build import build, invalid_rows
-from index.config import IndexConfig
-from index.index import Index
-from index.readers import InputFormatError, open_reader
-from service.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = ["build", "serve", "query", "info", "check", "bench", "snapshot"]
@@ -49,7 +48,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``gmmlsh ARGS`` as a subprocess (the way users run it)."""
-    return subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", *map(str, args)], cwd=REPO, capture_output=True,
                           text=True, env=env or cli_env(), timeout=timeout)
 
 
@@ -380,7 +379,8 @@ def _target(backend: str, tmp: Path, request) -> tuple[list[str], str, dict]:
                          ids=["lmdb-SIGINT", "lmdb-SIGKILL", "redis-SIGKILL"])
 def test_interrupted_build_then_rerun_equals_uninterrupted(big_input, tmp_path, request, backend, sig):
     data, Q = big_input
-    base = [sys.executable, "-m", "service.cli", "build", str(data), "--chunk-rows", "500", "--no-progress", *SMALL]
+    base = [sys.executable, "-m", "gmmlsh.service.cli", "build", str(data), "--chunk-rows", "500", "--no-progress",
+            *SMALL]
     ref_opts, ref_loc, ref_kw = _target(backend, tmp_path, request)
     r = subprocess.run(base + ref_opts, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -458,7 +458,7 @@ def test_peak_rss_building_from_a_2gb_npy_stays_under_600mb(tmp_path):
     path = tmp_path / "big.npy"
     _write_big_npy(path, rows, dim, nnz)
     assert path.stat().st_size >= 2 << 30
-    cmd = [sys.executable, "-m", "service.cli", "build", str(path), "--index", str(tmp_path / "idx"),
+    cmd = [sys.executable, "-m", "gmmlsh.service.cli", "build", str(path), "--index", str(tmp_path / "idx"),
            "--bands", "8", "--rows", "2", "--storage", "sparse", "--no-progress", "--json"]
     with open(tmp_path / "out", "wb") as fo, open(tmp_path / "err", "wb") as fe:
         proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=fo, stderr=fe)
@@ -498,7 +498,7 @@ def test_built_index_is_served_unchanged(backend, tmp_path, fm, request):
     expected = json.loads(run_cli("query", *where, "--id", "42", "-k", "5", "--json").stdout)
     port = _free_port()
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", *where, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", *where, "--port", str(port)],
                             cwd=REPO, env=cli_env(GMMLSH_LOG_LEVEL="warning"), stdout=log, stderr=subprocess.STDOUT)
     log.close()
     try:

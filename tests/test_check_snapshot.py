@@ -21,15 +21,14 @@ import lmdb
 import numpy as np
 import pytest
 import redis
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+from gmmlsh.index.store.base import StoreUnavailable
+from gmmlsh.index.store.lmdb import LmdbStore
+from gmmlsh.index.store.redis import RedisStore, _groups_of
+from gmmlsh.service.cli import main
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 from test_crash import record
-
-from index.config import IndexConfig
-from index.index import Index
-from index.lmdb_store import LmdbStore
-from index.redis_store import RedisStore, _groups_of
-from index.store import StoreUnavailable
-from service.cli import main
 
 DIM = 24
 N = 200
@@ -162,7 +161,7 @@ class RedisCorrupter(Corrupter):
         self.r.incrby(self.store._shard_keys(0)[3], d)
 
     def set_id(self, ext: str, iid: int | None) -> None:
-        from index.redis_store import _shard_of
+        from gmmlsh.index.store.redis import _shard_of
 
         key = self.store._shard_keys(_shard_of(ext, self.lay["shards"]))[0]
         if iid is None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from core.agreement import (
+from gmmlsh.core.agreement import (
     FIRST_WORDS,
     SAMPLES_PER_WORD,
     _best,

@@ -35,10 +35,7 @@ import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from core.gcws import (
+from gmmlsh.core.gcws import (
     bbit_codes,
     bbit_collision_probability,
     collision_rate,
@@ -50,7 +47,9 @@ from core.gcws import (
     sketch_sparse_vector,
     unpack_codes,
 )
-from core.gmm import gmm, gmm_many
+from gmmlsh.core.gmm import gmm, gmm_many
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 Z = 4.0  # standard errors; two-sided normal tail 6.3e-5 per comparison
 ZERO_BIT_SLACK = 0.01  # the issue's allowance for the 0-bit approximation
@@ -464,7 +463,7 @@ _CHILD = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from core.gcws import sketch
+    from gmmlsh.core.gcws import sketch
     rng = np.random.default_rng(99)
     X = rng.standard_normal((150, 300)) * (rng.random((150, 300)) < 0.3)
     X[:, 0] += 1.0

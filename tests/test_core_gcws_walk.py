@@ -12,10 +12,9 @@ import math
 
 import numpy as np
 import pytest
-
-from core import gcws
-from core.gcws import NO_WALK, _sample_dense_serial, constant_table, sketch, walk_table
-from core.gcws_walk import LANES, build_walk_table, sign_bounds, walk_vector
+from gmmlsh.core import gcws
+from gmmlsh.core.gcws import NO_WALK, _sample_dense_serial, constant_table, sketch, walk_table
+from gmmlsh.core.gcws_walk import LANES, build_walk_table, sign_bounds, walk_vector
 
 
 def _walk_one(row: np.ndarray, table: np.ndarray, k: int) -> tuple[bool, np.ndarray]:

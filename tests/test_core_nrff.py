@@ -15,12 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import gmmlsh.core.nrff as nrff
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
-import core.nrff as nrff
-from core.nrff import features, nrff_variance, rbf_from_correlation, rff_variance
+from gmmlsh.core.nrff import features, nrff_variance, rbf_from_correlation, rff_variance
 
 Z = 4.0  # standard errors; two-sided normal tail 6.3e-5 per comparison
 
@@ -164,7 +163,7 @@ _CHILD = textwrap.dedent(
     import sys
     import numpy as np
     import scipy.sparse as sp
-    from core.nrff import features
+    from gmmlsh.core.nrff import features
     rng = np.random.default_rng(11)
     X = rng.standard_normal((40, 200)) * (rng.random((40, 200)) < 0.2)
     X[:, 0] += 1.0

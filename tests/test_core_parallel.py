@@ -17,14 +17,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from core.parallel import twin_kernels
+from gmmlsh.core.parallel import twin_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 
 _WARM = textwrap.dedent("""
     import numpy as np, scipy.sparse as sp
-    from core.gcws import sketch
-    from core.gmm import gmm_many, l1_norms
+    from gmmlsh.core.gcws import sketch
+    from gmmlsh.core.gmm import gmm_many, l1_norms
     rng = np.random.default_rng(0)
     X = rng.random((3000, 784)).astype(np.float32)
     S = sp.random(3000, 5000, density=0.02, format="csr", dtype=np.float64, random_state=1)
@@ -40,8 +40,8 @@ _WARM = textwrap.dedent("""
 _PROBE = textwrap.dedent("""
     import numpy as np, scipy.sparse as sp
     import numba.np.ufunc.parallel as pool
-    from core.gcws import sketch
-    from core.gmm import gmm_many, l1_norms
+    from gmmlsh.core.gcws import sketch
+    from gmmlsh.core.gmm import gmm_many, l1_norms
     x = np.zeros((1, 784), np.float32); x[0, :20] = 1.0
     sketch(x, 256, path="direct")
     s = sp.csr_matrix(([1.0, 2.0, 3.0], [5, 70, 4000], [0, 3]), shape=(1, 5000))

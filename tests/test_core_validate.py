@@ -11,11 +11,10 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
-from core.gcws import bbit_codes, sketch, sketch_sparse_vector
-from core.gmm import gmm, gmm_many, gmm_matrix, score_rows
-from core.nrff import features
-from core.validate import (
+from gmmlsh.core.gcws import bbit_codes, sketch, sketch_sparse_vector
+from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, score_rows
+from gmmlsh.core.nrff import features
+from gmmlsh.core.validate import (
     DimensionError,
     NonFiniteError,
     SparseIndexError,
@@ -275,7 +274,7 @@ def test_features_refuses_bad_input() -> None:
 def test_dense_float32_fast_path_matches_the_full_checks():
     """The compiled query check returns exactly what check_dense + float32 rounding give,
     and declines (None) everything the full checks would refuse or must convert."""
-    from core.validate import dense_float32_or_none
+    from gmmlsh.core.validate import dense_float32_or_none
 
     rng = np.random.default_rng(5)
     for dtype in (np.float64, np.float32):

@@ -44,10 +44,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from gmmlsh.index.check import check_index
+from gmmlsh.index.index import Index, UnknownIdError
 from redis_fixtures import RedisServer, redis_url  # noqa: F401  (redis_url: session fixture)
-
-from index.check import check_index
-from index.index import Index, UnknownIdError
 
 REPO = Path(__file__).resolve().parents[1]
 KILLS = int(os.environ.get("GMMLSH_CRASH_KILLS", "30"))
@@ -109,7 +108,7 @@ class ServerProc:
 
     def start(self, timeout: float = START_TIMEOUT) -> ServerProc:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "service.server"], cwd=REPO, env=self.env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.server"], cwd=REPO, env=self.env,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -366,7 +365,7 @@ def test_server_sigkilled_under_writes_loses_nothing(backend, tmp_path, request)
 
 
 def _build_cmd(data: Path, loc_opts: list[str]) -> list[str]:
-    return [sys.executable, "-m", "service.cli", "build", str(data), "--chunk-rows", "500", "--no-progress",
+    return [sys.executable, "-m", "gmmlsh.service.cli", "build", str(data), "--chunk-rows", "500", "--no-progress",
             "--bands", str(BANDS), "--rows", str(ROWS), *loc_opts]
 
 

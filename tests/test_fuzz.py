@@ -34,16 +34,15 @@ import numpy as np
 import pytest
 import schemathesis
 import scipy.sparse as sp
+from gmmlsh.core.validate import VectorError, check_batch, check_dense, check_sparse
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+from gmmlsh.service.app import create_app
+from gmmlsh.service.settings import Settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from test_crash import ServerProc, record
-
-from core.validate import VectorError, check_batch, check_dense, check_sparse
-from index.config import IndexConfig
-from index.index import Index
-from service.app import create_app
-from service.settings import Settings
 
 EXAMPLES = int(os.environ.get("GMMLSH_FUZZ_EXAMPLES", "100"))
 STATEFUL = int(os.environ.get("GMMLSH_FUZZ_STATEFUL", "40"))

@@ -26,12 +26,11 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
+from gmmlsh.service import deps
+from gmmlsh.service.cli import main
 from pydantic import SecretStr
 from redis_fixtures import RedisServer
 from test_crash import ServerProc, record
-
-from service import deps
-from service.cli import main
 
 DIM = 8
 MAX_BODY = 64 * 1024

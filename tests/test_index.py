@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import FMNIST as FMNIST_PATH
+from gmmlsh.core import gcws, nrff
+from gmmlsh.core.gmm import gmm, gmm_matrix
+from gmmlsh.core.validate import DimensionError, NonFiniteError, ZeroVectorError
+from gmmlsh.index.answer_cache import AnswerCache
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.index.planner import candidate_probability
+from gmmlsh.index.store.base import ConfigConflict
 from redis_fixtures import redis_url  # noqa: F401
-
-from core import gcws, nrff
-from core.gmm import gmm, gmm_matrix
-from core.validate import DimensionError, NonFiniteError, ZeroVectorError
-from index.answer_cache import AnswerCache
-from index.config import IndexConfig
-from index.index import Index, UnknownIdError
-from index.planner import candidate_probability
-from index.store import ConfigConflict
 
 
 @pytest.fixture(params=["lmdb", "redis"])
@@ -49,7 +48,7 @@ def _in_another_process(location, code: str) -> None:
     loc, opts = location
     script = textwrap.dedent(f"""
         import numpy as np
-        from index.index import Index
+        from gmmlsh.index.index import Index
         X = np.load({str(FMNIST_PATH)!r})["train"]
         with Index.open({loc!r}, **{opts!r}) as ix:
     """) + textwrap.indent(textwrap.dedent(code), "    ")
@@ -71,7 +70,7 @@ def test_reopen_in_new_process_gives_same_answers(location, fmnist, tmp_path):
     loc, opts = location
     script = textwrap.dedent(f"""
         import json, numpy as np
-        from index.index import Index
+        from gmmlsh.index.index import Index
         Q = np.load({str(tmp_path / "q.npy")!r})
         with Index.open({loc!r}, **{opts!r}) as ix:
             out = [[(n.id, round(n.similarity, 12)) for n in ix.query(q, k=10).neighbors] for q in Q]

@@ -18,9 +18,9 @@ def test_ruff_clean():
 
 
 def test_layering():
-    """core imports nothing from index or service; index nothing from service."""
+    """core imports nothing from gmmlsh.index or service; index nothing from gmmlsh.service."""
     for pkg, banned in (("core", ("index", "service")), ("index", ("service",))):
-        for f in (ROOT / pkg).glob("*.py"):
+        for f in (ROOT / pkg).rglob("*.py"):
             text = f.read_text()
             for b in banned:
-                assert f"from {b}" not in text and f"import {b}" not in text, f"{f.name} imports {b}"
+                assert f"from gmmlsh.{b}" not in text and f"import gmmlsh.{b}" not in text, f"{f.name} imports {b}"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gmmlsh.index.store.base import RecordBatch, StoreError, StoreUnavailable
+from gmmlsh.index.store.lmdb import LmdbStore
 from store_contract import (
     KEY_BYTES,
     N_BANDS,
@@ -26,9 +28,6 @@ from store_contract import (
     flip,
     make_batch,
 )
-
-from index.lmdb_store import LmdbStore
-from index.store import RecordBatch, StoreError, StoreUnavailable
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
@@ -317,7 +316,7 @@ def test_use_after_fork_is_refused(store, rng):
 READ_IN_CHILD = """
 import json, sys
 import numpy as np
-from index.lmdb_store import LmdbStore
+from gmmlsh.index.store.lmdb import LmdbStore
 from store_contract import band_keys_of, make_batch
 s = LmdbStore(sys.argv[1], readonly=sys.argv[2] == "ro")
 iids = s.lookup(["p0", "p7", "nope"])
@@ -380,7 +379,7 @@ def test_readonly_store(db_path, rng):
 KILL_MID_WRITE = """
 import os, sys, time
 import numpy as np
-from index.lmdb_store import LmdbStore
+from gmmlsh.index.store.lmdb import LmdbStore
 from store_contract import band_keys_of, make_batch
 
 class Stall(bytes):
@@ -462,7 +461,7 @@ def test_sigkill_during_large_upsert_is_all_or_nothing(store, db_path, rng, dela
 
 HOLD_READER = """
 import sys, time
-from index.lmdb_store import LmdbStore
+from gmmlsh.index.store.lmdb import LmdbStore
 s = LmdbStore(sys.argv[1])
 it = s.scan("vector", batch_size=1)
 next(it)                      # a read transaction (and its reader slot) is now held

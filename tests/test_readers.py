@@ -9,8 +9,7 @@ import re
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
-from index.readers import _P10, InputFormatError, _parse_float, detect_format, open_reader
+from gmmlsh.index.ingest.readers import _P10, InputFormatError, _parse_float, detect_format, open_reader
 
 # --- helpers ------------------------------------------------------------------------
 
@@ -309,7 +308,7 @@ def test_csv_errors_name_file_line_and_problem(tmp_path):
 
 def test_csv_long_rows_many_blocks(tmp_path, monkeypatch):
     """Blocks end at line ends: rows are never split, line numbers run on across blocks."""
-    import index.readers as readers
+    import gmmlsh.index.ingest.readers as readers
 
     monkeypatch.setattr(readers, "BLOCK_BYTES", 1000)
     X = np.arange(1, 200 * 30 + 1, dtype=np.float64).reshape(200, 30)

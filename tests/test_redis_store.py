@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from gmmlsh.index.store import redis as redis_store
+from gmmlsh.index.store.base import FIELDS, RecordBatch, StoreError, StoreUnavailable
+from gmmlsh.index.store.redis import RedisStore, mask_url
 from redis_fixtures import (  # noqa: F401  (fixtures are found by name)
     RedisServer,
     free_port,
@@ -35,10 +38,6 @@ from store_contract import (
     flip,
     make_batch,
 )
-
-from index import redis_store
-from index.redis_store import RedisStore, mask_url
-from index.store import FIELDS, RecordBatch, StoreError, StoreUnavailable
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
@@ -171,7 +170,7 @@ def run_py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedPr
 WRITER = """
 import sys, numpy as np
 from store_contract import make_batch, band_keys_of
-from index.redis_store import RedisStore
+from gmmlsh.index.store.redis import RedisStore
 url, prefix, tag, lo, hi, step, seed = sys.argv[1:8]
 lo, hi, step = int(lo), int(hi), int(step)
 st = RedisStore(url, prefix=prefix, write_chunk=int(sys.argv[8]) if len(sys.argv) > 8 else 2048)
@@ -264,7 +263,7 @@ def test_two_processes_share_one_index(redis_url, redis_prefix, rng):  # noqa: F
     st.upsert(batch, band_keys_of)
     res = run_py("""
         import sys
-        from index.redis_store import RedisStore
+        from gmmlsh.index.store.redis import RedisStore
         st = RedisStore(sys.argv[1], prefix=sys.argv[2])
         print(st.count(), st.fetch(st.lookup(["mine"]), "vector")[0][:4])
     """, redis_url, redis_prefix)
@@ -763,9 +762,9 @@ def test_a_single_server_index_is_refused_by_a_cluster(redis_cluster_url, redis_
 
 def test_memory_per_vector_within_twice_the_raw_bytes(redis_server):  # noqa: F811
     """784-d float32 vectors with real 64×4×8-bit GCWS sketches: ≤ 2 × (vector + sketch) bytes."""
-    from core.gcws import bbit_codes, pack_codes, sketch
-    from index.banding import Banding
-    from index.codec import encode_dense
+    from gmmlsh.core.gcws import bbit_codes, pack_codes, sketch
+    from gmmlsh.index.banding import Banding
+    from gmmlsh.index.codec import encode_dense
 
     n, dim = 3000, 784
     X = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)

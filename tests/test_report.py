@@ -122,8 +122,9 @@ def test_report_on_a_labelled_libsvm_file_through_gmmlsh_bench(tmp_path):
     out = tmp_path / "rep"
     env = dict(os.environ)
     env.setdefault("NUMBA_NUM_THREADS", "2")
-    r = subprocess.run([sys.executable, "-m", "service.cli", "bench", "--data", str(data_file), "--out", str(out),
-                        "--quick", "--no-peer"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", "bench", "--data", str(data_file),
+                        "--out", str(out), "--quick", "--no-peer"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data, _ = check_folder(out, ALWAYS + LABELLED)
     d = data["data"]
@@ -135,7 +136,7 @@ def test_report_on_a_labelled_libsvm_file_through_gmmlsh_bench(tmp_path):
 
 def test_bench_report_options_are_passed_through(tmp_path, monkeypatch):
     """``gmmlsh bench --data F --out D -- --n 5`` runs bench.report with absolute paths (no run here)."""
-    from service import cli
+    from gmmlsh.service import cli
 
     calls = []
     monkeypatch.setattr(cli.subprocess, "call", lambda argv, **kw: calls.append((argv, kw)) or 0)

@@ -27,9 +27,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from gmmlsh.index.index import Index
 from redis_fixtures import RedisServer, redis_url  # noqa: F401  (redis_url: session fixture)
-
-from index.index import Index
 
 REPO = Path(__file__).resolve().parents[1]
 SOAK_SECONDS = float(os.environ.get("GMMLSH_TEST_SOAK_SECONDS", "30"))
@@ -69,7 +68,7 @@ class Server:
 
     def start(self) -> Server:
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "service.server"], cwd=REPO,
+        self.proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.server"], cwd=REPO,
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT
@@ -605,8 +604,7 @@ def test_multi_worker_listener_gives_connections_tcp_nodelay():
     import asyncio
 
     import uvicorn
-
-    from service.server import APP, tcp_listener
+    from gmmlsh.service.server import APP, tcp_listener
 
     sock = tcp_listener(uvicorn.Config(APP, host="127.0.0.1", port=0, workers=2))
     assert sock.proto == socket.IPPROTO_TCP

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 import pytest
+from gmmlsh.index.index import Index, UnknownIdError
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 from test_crash import ServerProc, index_env, random_vectors, record
-
-from index.index import Index, UnknownIdError
 
 SOAK_SECONDS = float(os.environ.get("GMMLSH_SOAK_SECONDS", "30"))
 WRITERS, READERS = 4, 4
@@ -250,7 +249,7 @@ def _read(ix: Index, ext: str) -> tuple[bytes, tuple] | None:
 
 def test_get_never_mixes_two_versions(tmp_path, monkeypatch):
     """The race the soak found, made deterministic: the id is replaced between get's reads."""
-    from index.config import IndexConfig
+    from gmmlsh.index.config import IndexConfig
 
     with Index.open(str(tmp_path / "idx"), IndexConfig(dim=4, bands=4, rows=2)) as ix:
         ix.upsert(["a"], np.array([[1.0, 2, 3, 4]]), metadata=[{"v": 1}])

@@ -132,6 +132,14 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
 import redis
+from gmmlsh.index.store.base import (
+    FIELDS,
+    BandKeysFn,
+    RecordBatch,
+    StoreError,
+    StoreUnavailable,
+    decode_names,
+)
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
     ClusterDownError,
@@ -144,15 +152,6 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.retry import Retry
-
-from index.store import (
-    FIELDS,
-    BandKeysFn,
-    RecordBatch,
-    StoreError,
-    StoreUnavailable,
-    decode_names,
-)
 
 __all__ = ["RedisStore"]
 

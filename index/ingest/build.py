@@ -38,10 +38,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import scipy.sparse as sp
-
-from core.validate import VectorError
-from index.readers import Chunk, InputFormatError, Reader
-from index.store import RecordBatch
+from gmmlsh.core.validate import VectorError
+from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
+from gmmlsh.index.store.base import RecordBatch
 
 
 @dataclass
@@ -196,7 +195,7 @@ def _stored_as(index, X):
 
 
 def _equal_rows(index, blobs: list[bytes], X) -> bool:
-    from index import codec
+    from gmmlsh.index import codec
 
     dim = index.config.dim
     want = _stored_as(index, X)

@@ -41,8 +41,7 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
-
-from index.store import (
+from gmmlsh.index.store.base import (
     FIELDS,
     BandKeysFn,
     RecordBatch,
