@@ -6,11 +6,14 @@ query, delete), :class:`IndexConfig` (its parameters), and the math underneath â
 :func:`nrff_features` (normalized random Fourier features).
 """
 
-from gmmlsh.core.gcws import bbit_codes, sketch
+from gmmlsh.core.codes import bbit_codes
+from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_many
 from gmmlsh.core.nrff import features as nrff_features
 from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index, Neighbor, QueryResult, StoredVector, UnknownIdError
+from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.index.records import StoredVector
+from gmmlsh.index.search import Neighbor, QueryResult
 
 __all__ = [
     "Index", "IndexConfig", "Neighbor", "QueryResult", "StoredVector", "UnknownIdError",

@@ -1,73 +1,80 @@
-"""Index parameters, stored with the index so that every reader hashes the same way."""
+"""Index parameters and limits: the one place each default is defined.
+
+:class:`IndexConfig` fixes how vectors are hashed; it is stored with the index, so
+every process and machine hashes the same way, and opening an index with other
+values is an error. The server's settings, the command line and the docs read
+their defaults from here. :class:`SearchParams` are query-time knobs: an index
+chooses them from its own data (:mod:`gmmlsh.index.tuner`) and a query may
+override any of them.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import uuid
+from dataclasses import asdict, dataclass, field, fields, replace
 
-from gmmlsh.core.gcws import packed_bytes
 from gmmlsh.core.rng import GENERATOR_VERSION
 
 #: Bump when the stored layout changes; an index of another version is refused.
-FORMAT_VERSION = 1
-
-#: Fields that define how vectors are hashed and stored: reopening with a
-#: different value would silently corrupt answers, so it is an error.
-_IDENTITY = ("dim", "bands", "rows", "bits", "seed", "t_bits", "nrff_k", "gamma", "center", "storage")
+FORMAT_VERSION = 2
+#: Largest ``k`` (neighbours) a query may ask for.
+MAX_K = 1000
+#: Largest rerank budget (vectors scored by exact GMM per query).
+MAX_CANDIDATES = 100_000
+#: Creation parameters a user may set (the rest are fixed by the release or given at creation).
+CREATION_FIELDS = ("dim", "k", "bits", "seed", "t_bits", "nrff_k", "gamma")
+#: Fields that fix how vectors are hashed and stored.
+_IDENTITY = ("dim", "k", "bits", "seed", "t_bits", "nrff_k", "gamma", "center", "format_version",
+             "generator_version")
+_HELP = {
+    "dim": "dimension of the vectors (required to create an index)",
+    "k": "GCWS samples per vector (the sketch)",
+    "bits": "bits kept per sample (b-bit codes, 1-16)",
+    "seed": "seed of the hash functions",
+    "t_bits": "bits of t* mixed into each code (0: the 0-bit scheme, i* only)",
+    "nrff_k": "NRFF features stored per vector (0: no nrff mode)",
+    "gamma": "RBF kernel parameter of the NRFF features",
+}
 
 
 @dataclass(frozen=True)
 class IndexConfig:
-    """Everything that fixes an index's layout. ``k = bands · rows`` GCWS samples."""
+    """Everything that fixes an index's layout (see the field help in :func:`describe`)."""
 
     dim: int
-    bands: int = 80
-    rows: int = 6
+    k: int = 512
     bits: int = 8
     seed: int = 0
     t_bits: int = 0
-    nrff_k: int = 0  # 0: no NRFF features stored
+    nrff_k: int = 0
     gamma: float = 1.0
     center: tuple[float, ...] | None = None
-    storage: str = "dense"  # "dense" (float32 rows) or "sparse" (indices + values)
+    #: Random name given at creation: a search mirror made for another index is not reused.
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex, compare=False)
     format_version: int = FORMAT_VERSION
     generator_version: int = GENERATOR_VERSION
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         problems = []
-        if self.dim < 1:
-            problems.append(f"dim: must be ≥ 1, got {self.dim}")
-        if self.bands < 1:
-            problems.append(f"bands: must be ≥ 1, got {self.bands}")
-        if self.rows < 1:
-            problems.append(f"rows: must be ≥ 1, got {self.rows}")
-        if not 1 <= self.bits <= 16:
-            problems.append(f"bits: must be between 1 and 16, got {self.bits}")
-        if not 0 <= self.t_bits <= 16:
+        for name, low in (("dim", 1), ("k", 1), ("nrff_k", 0), ("t_bits", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                problems.append(f"{name}: must be an integer ≥ {low}, got {value!r}")
+        if not (isinstance(self.bits, int) and 1 <= self.bits <= 16):
+            problems.append(f"bits: must be between 1 and 16, got {self.bits!r}")
+        if isinstance(self.t_bits, int) and self.t_bits > 16:
             problems.append(f"t_bits: must be between 0 and 16, got {self.t_bits}")
-        if self.nrff_k < 0:
-            problems.append(f"nrff_k: must be ≥ 0, got {self.nrff_k}")
-        if not self.gamma > 0:
-            problems.append(f"gamma: must be > 0, got {self.gamma}")
-        if self.storage not in ("dense", "sparse"):
-            problems.append(f"storage: must be 'dense' or 'sparse', got {self.storage!r}")
+        if not (isinstance(self.gamma, int | float) and self.gamma > 0):
+            problems.append(f"gamma: must be > 0, got {self.gamma!r}")
         if self.center is not None and len(self.center) != self.dim:
             problems.append(f"center: expected {self.dim} values, got {len(self.center)}")
         if problems:
             raise ValueError("; ".join(problems))
 
     @property
-    def k(self) -> int:
-        return self.bands * self.rows
-
-    @property
     def sketch_bytes(self) -> int:
-        return packed_bytes(self.k, self.bits)
-
-    @property
-    def band_key_bytes(self) -> int:
-        """Band number (2 bytes) + the band's packed codes."""
-        return 2 + packed_bytes(self.rows, self.bits)
+        """Bytes of one stored sketch: ``k`` codes of ``bits`` bits."""
+        return (self.k * self.bits + 7) // 8
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,11 +89,48 @@ class IndexConfig:
             kw["center"] = tuple(float(x) for x in kw["center"])
         return cls(**kw)
 
-    def conflicts(self, other: IndexConfig) -> list[str]:
-        """Human-readable differences in the fields that fix the layout."""
-        out = []
-        for name in _IDENTITY + ("format_version", "generator_version"):
-            a, b = getattr(self, name), getattr(other, name)
-            if a != b:
-                out.append(f"{name}: index has {b!r}, asked for {a!r}")
-        return out
+    def conflicts(self, stored: IndexConfig) -> list[str]:
+        """Human-readable differences from a stored configuration in the fields that fix the layout."""
+        return [f"{name}: index has {getattr(stored, name)!r}, asked for {getattr(self, name)!r}"
+                for name in _IDENTITY if getattr(self, name) != getattr(stored, name)]
+
+
+def describe(name: str) -> str:
+    """One line of help for a creation field, with its default: what ``--help`` and the docs show."""
+    default = {f.name: f.default for f in fields(IndexConfig)}[name]
+    shown = "" if name == "dim" else f" (default {default})"
+    return _HELP[name] + shown
+
+
+def creation_defaults() -> dict:
+    """Default of every creation field but ``dim``."""
+    return {f.name: f.default for f in fields(IndexConfig) if f.name in CREATION_FIELDS and f.name != "dim"}
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    """How the default (``lsh``) query searches: the knobs that trade recall for speed.
+
+    ``probes``: inverted lists scanned (all: 0); ``shortlist``: rows ranked on every
+    sample; ``rank_bits``: bits per code in that ranking; ``candidates``: rows scored
+    by exact GMM (the rerank budget). ``exact`` answers by brute force instead, where
+    the tuner found that cheaper for the recall asked.
+    """
+
+    probes: int = 0
+    shortlist: int = 2000
+    rank_bits: int = 8
+    candidates: int = 200
+    exact: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SearchParams:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def with_overrides(self, **given) -> SearchParams:
+        """These parameters with the non-None values of ``given`` replacing theirs."""
+        return replace(self, **{k: v for k, v in given.items() if v is not None})

@@ -1,0 +1,123 @@
+"""Append-only, memory-mapped array files: the storage of a search mirror.
+
+A column is one file of fixed-width rows; it grows by doubling (``ftruncate``:
+a sparse file, so unwritten capacity costs no disk) and every process maps the
+whole file shared, so its pages live once per machine in the page cache however
+many workers read them. Rows are only ever appended past what readers use, so a
+reader needs no lock: it reads the rows a published count covers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+#: Rows a new column file is created with.
+_MIN_ROWS = 1024
+
+
+class Column:
+    """Rows of ``width`` values of ``dtype`` in one file (``width`` 0: scalars)."""
+
+    def __init__(self, path: Path, dtype, width: int = 0):
+        self.path = Path(path)
+        self.dtype = np.dtype(dtype)
+        self.width = width
+        self._row_bytes = self.dtype.itemsize * max(1, width)
+        self._map: np.ndarray | None = None
+        self._cap = 0
+        self.dirty = False
+
+    def _remap(self) -> None:
+        if not self.path.exists():
+            self._grow_file(_MIN_ROWS)
+        cap = self.path.stat().st_size // self._row_bytes
+        shape = (cap, self.width) if self.width else (cap,)
+        self._map = np.memmap(self.path, dtype=self.dtype, mode="r+", shape=shape).view(np.ndarray)
+        self._cap = cap
+        self.dirty = False
+
+    def _grow_file(self, rows: int) -> None:
+        with open(self.path, "ab") as f:
+            if f.tell() < rows * self._row_bytes:
+                f.truncate(rows * self._row_bytes)
+
+    def rows(self, n: int) -> np.ndarray:
+        """The first ``n`` rows (a view of the mapping)."""
+        if self._map is None or n > self._cap:
+            self._remap()
+            if n > self._cap:
+                raise ValueError(f"{self.path.name}: {n} rows asked, the file holds {self._cap}")
+        return self._map[:n]
+
+    def whole(self) -> np.ndarray:
+        """Every row the file holds (remapped if it grew)."""
+        if self._map is None or self.path.stat().st_size // self._row_bytes != self._cap:
+            self._remap()
+        return self._map
+
+    def reserve(self, n: int) -> np.ndarray:
+        """Make room for ``n`` rows (the writer's side) and return the mapping's first ``n`` rows."""
+        if self._map is None:
+            self._remap()
+        if n > self._cap:
+            self._grow_file(max(n, 2 * self._cap, _MIN_ROWS))
+            self._remap()
+        self.dirty = True
+        return self._map[:n]
+
+    def fsync(self) -> None:
+        """Put what this process wrote on disk (before a state that covers it is published)."""
+        if self.dirty:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.dirty = False
+
+    def nbytes(self) -> int:
+        """Bytes of disk the file takes (its allocated blocks, not its apparent size)."""
+        try:
+            return os.stat(self.path).st_blocks * 512
+        except OSError:
+            return 0
+
+
+class Blobs:
+    """Variable-length rows: an offsets column (``n + 1`` int64) and a data column of ``dtype``."""
+
+    def __init__(self, directory: Path, name: str, dtype=np.uint8):
+        self.offsets = Column(directory / f"{name}.off", np.int64)
+        self.data = Column(directory / f"{name}.dat", dtype)
+
+    def append(self, start: int, parts: list) -> None:
+        """Write rows ``start, start + 1, …`` from ``parts`` (arrays of ``dtype``, or bytes)."""
+        if not parts:
+            return
+        arrays = [np.frombuffer(p, dtype=self.data.dtype) if isinstance(p, bytes | memoryview) else p
+                  for p in parts]
+        lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
+        offs = self.offsets.reserve(start + len(arrays) + 1)
+        if start == 0:
+            offs[0] = 0
+        base = int(offs[start])
+        ends = base + np.cumsum(lengths)
+        data = self.data.reserve(int(ends[-1]))
+        data[base:int(ends[-1])] = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        offs[start + 1:start + 1 + len(arrays)] = ends
+
+    def views(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets of rows ``< n`` plus the end, data they cover)."""
+        offs = self.offsets.rows(n + 1)
+        return offs, self.data.rows(int(offs[n]))
+
+    def fsync(self) -> None:
+        self.offsets.fsync()
+        self.data.fsync()
+
+    def get(self, n: int, row: int) -> bytes:
+        offs, data = self.views(n)
+        return data[offs[row]:offs[row + 1]].tobytes()

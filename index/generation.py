@@ -1,0 +1,117 @@
+"""Generations of inverted lists over a mirror's rows: built aside, published whole.
+
+A generation covers mirror rows ``[0, rows)``: k-modes centroids of first-stage
+rows (:mod:`gmmlsh.core.ivf`), and for each centroid the rows closest to it, with
+a copy of their first-stage rows so that a probed list is one contiguous read.
+Rows added after it form the mirror's tail. When the tail grows past
+:func:`tail_limit`, a new generation is built in the background: the tail's rows
+are assigned to the existing centroids and merged into the lists (retired rows
+dropped); when the index has doubled since the centroids were fit, they are fit
+again on a sample (~``LIST_ROWS`` rows a list). A generation's files never change;
+a new one is written to its own directory and then named in the mirror's state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gmmlsh.core.ivf import assign, first_rows, first_shape, kmodes
+
+#: Rows per inverted list the centroids aim for.
+LIST_ROWS = 512
+#: Below this many rows there are no lists: the whole index is the tail (a scan is as fast).
+MIN_ROWS = 2048
+#: Most rows the tail grows to before a new generation is built.
+TAIL_MAX = 16384
+#: Rows of the k-modes sample per list (capped by :data:`SAMPLE_MAX`).
+SAMPLE_PER_LIST = 64
+SAMPLE_MAX = 1 << 18
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The inverted lists of mirror rows ``[0, rows)`` (arrays memory-mapped read-only)."""
+
+    number: int
+    rows: int
+    clustered_rows: int
+    centroids: np.ndarray  # (lists, first-stage words) uint64
+    starts: np.ndarray  # (lists + 1,) int64
+    lrows: np.ndarray  # (entries,) uint32: mirror rows, list by list
+    lfirst: np.ndarray  # (entries, first-stage words) uint64
+
+    @property
+    def lists(self) -> int:
+        return self.centroids.shape[0]
+
+    @classmethod
+    def load(cls, directory: Path) -> Generation:
+        meta = json.loads((directory / "meta.json").read_text())
+        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray)
+                  for name in ("centroids", "starts", "lrows", "lfirst")}
+        return cls(number=meta["number"], rows=meta["rows"], clustered_rows=meta["clustered_rows"], **arrays)
+
+
+def tail_limit(rows: int) -> int:
+    """Tail rows past which a new generation is due."""
+    return min(TAIL_MAX, max(MIN_ROWS // 2, rows // 16))
+
+
+def due(rows: int, tail: int) -> bool:
+    """Whether an index of ``rows`` rows with ``tail`` of them unlisted wants a new generation."""
+    return rows >= MIN_ROWS and tail >= tail_limit(rows)
+
+
+def build(directory: Path, planes: np.ndarray, alive: np.ndarray, rows: int, bits: int, words: int,
+          previous: Generation | None, seed: int = 0) -> str:
+    """Write the generation after ``previous`` for rows ``< rows`` into a new subdirectory of
+    ``directory``; returns its name (to publish in the mirror's state)."""
+    fp, fw = first_shape(bits, words)
+    refit = previous is None or rows >= 2 * previous.clustered_rows
+    if refit:
+        members = np.flatnonzero(alive[:rows])
+        F = first_rows(planes, members, words, fp, fw)
+        nlist = max(1, members.shape[0] // LIST_ROWS)
+        rng = np.random.default_rng(seed)
+        size = min(members.shape[0], SAMPLE_PER_LIST * nlist, SAMPLE_MAX)
+        centroids = kmodes(F[rng.choice(members.shape[0], size, replace=False)], nlist, fp, fw, seed=seed)
+        labels = assign(F, centroids, fp, fw)
+        clustered = rows
+    else:
+        centroids = previous.centroids
+        keep = alive[previous.lrows] != 0
+        old_labels = np.repeat(np.arange(previous.lists), np.diff(previous.starts))[keep]
+        new = previous.rows + np.flatnonzero(alive[previous.rows:rows])
+        F_new = first_rows(planes, new, words, fp, fw)
+        members = np.concatenate([previous.lrows[keep].astype(np.int64), new])
+        F = np.concatenate([previous.lfirst[keep], F_new])
+        labels = np.concatenate([old_labels, assign(F_new, centroids, fp, fw)])
+        clustered = previous.clustered_rows
+    order = np.argsort(labels, kind="stable")
+    starts = np.zeros(centroids.shape[0] + 1, dtype=np.int64)
+    starts[1:] = np.cumsum(np.bincount(labels, minlength=centroids.shape[0]))
+    number = 1 if previous is None else previous.number + 1
+    name = f"gen-{number:06d}"
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for key, value in (("centroids", centroids), ("starts", starts), ("lrows", members[order].astype(np.uint32)),
+                       ("lfirst", np.ascontiguousarray(F[order]))):
+        np.save(tmp / f"{key}.npy", value)
+    (tmp / "meta.json").write_text(json.dumps({"number": number, "rows": rows, "clustered_rows": clustered}))
+    for f in tmp.iterdir():
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    final = directory / name
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return name

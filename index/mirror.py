@@ -1,0 +1,307 @@
+"""The search mirror: everything a query reads, memory-mapped, once per machine.
+
+The store (LMDB or Redis) is the truth; the mirror is a copy laid out for search
+and derived from it, so it can always be rebuilt. It lives in a directory — inside
+an LMDB index, or in a cache directory for a Redis one — shared by every process
+of the machine: its columns (:mod:`gmmlsh.index.columns`) are memory-mapped, so a
+second worker adds no second copy.
+
+A mirror *row* is one stored vector, numbered in the order the mirror learned of
+it: row-indexed columns hold its iid, a live flag, the L1 norm and payload of the
+vector as GMM sees it (centred, if the index has a centre), the bit planes of its
+sketch, its name and metadata, and its NRFF features; an iid-indexed column maps
+iids back to rows. Inverted lists over the rows are built in *generations*
+(:mod:`gmmlsh.index.generation`); rows added since the current generation form the
+*tail*, which a query scans whole.
+
+Keeping up: the mirror remembers the store's feed token it is current at. A
+process that finds the store's token moved takes the directory's lock, applies
+:meth:`Store.changes` (reads the added records, marks the retired ones), puts the
+new rows on disk, and publishes a new ``state.json`` (written aside, renamed). A
+crash before the rename leaves rows past the published count that the next sync
+overwrites; retirements marked early are facts already. A mirror made for another
+index (its ``uid``), by another format, or ahead of its store (a restored backup)
+is discarded and rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
+from gmmlsh.index.columns import Blobs, Column
+from gmmlsh.index.config import IndexConfig, SearchParams
+from gmmlsh.index.generation import Generation
+from gmmlsh.index.records import DENSE, decode_vector
+from gmmlsh.index.store.base import Store
+
+#: Bump when the mirror's files change: an older mirror is rebuilt.
+MIRROR_FORMAT = 1
+#: Records read from the store per round trip while syncing.
+_READ_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class View:
+    """An immutable snapshot of the mirror for one query: rows ``< rows`` of every column."""
+
+    rows: int
+    token: tuple | None
+    iid: np.ndarray
+    alive: np.ndarray
+    norms: np.ndarray
+    planes: np.ndarray
+    voff: np.ndarray
+    vi: np.ndarray
+    vf: np.ndarray
+    names: tuple[np.ndarray, np.ndarray]
+    meta: tuple[np.ndarray, np.ndarray]
+    nrff: np.ndarray | None
+    rowof: np.ndarray
+    generation: Generation | None
+    search: SearchParams
+    tuned_rows: int
+
+    def row_of(self, iid: int) -> int:
+        """Mirror row of an iid, or −1."""
+        r = int(self.rowof[iid]) - 1 if 0 <= iid < self.rowof.shape[0] else -1
+        return r if r < self.rows else -1
+
+    def name(self, row: int) -> str:
+        offs, data = self.names
+        return data[offs[row]:offs[row + 1]].tobytes().decode("utf-8")
+
+    def metadata(self, row: int) -> bytes | None:
+        offs, data = self.meta
+        raw = data[offs[row]:offs[row + 1]].tobytes()
+        return raw or None
+
+    @property
+    def tail_start(self) -> int:
+        return self.generation.rows if self.generation is not None else 0
+
+
+class Mirror:
+    """The search mirror of one index in ``directory`` (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike, config: IndexConfig):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.words = plane_words(config.k)
+        self._lock = threading.RLock()
+        self._open_columns()
+        self.view: View = self._load()
+
+    def _open_columns(self) -> None:
+        config, d = self.config, self.dir
+        self._iid = Column(d / "iid.u4", np.uint32)
+        self._alive = Column(d / "alive.u1", np.uint8)
+        self._norms = Column(d / "norm.f8", np.float64)
+        self._planes = Column(d / "planes.u8", np.uint64, config.bits * self.words)
+        self._nrff = Column(d / "nrff.f4", np.float32, config.nrff_k) if config.nrff_k else None
+        self._rowof = Column(d / "rowof.u4", np.uint32)
+        self._vectors = Blobs(d, "vectors", np.uint32)
+        self._names = Blobs(d, "names")
+        self._meta = Blobs(d, "meta")
+        self._state_stamp: tuple | None = None
+
+    # --- state ---------------------------------------------------------------------------
+    @property
+    def _state_path(self) -> Path:
+        return self.dir / "state.json"
+
+    def _read_state(self) -> dict:
+        try:
+            state = json.loads(self._state_path.read_text())
+        except (OSError, ValueError):
+            state = None
+        if not state or state.get("format") != MIRROR_FORMAT or state.get("uid") != self.config.uid:
+            return {"format": MIRROR_FORMAT, "uid": self.config.uid, "token": None, "rows": 0, "generation": None,
+                    "search": None, "tuned_rows": 0}
+        return state
+
+    def _write_state(self, state: dict) -> None:
+        tmp = self.dir / f"state.json.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._state_path)
+
+    def _stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self._state_path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    @contextlib.contextmanager
+    def locked(self, name: str = "sync", blocking: bool = True):
+        """The directory's lock ``name`` (across processes and threads); yields False if not
+        ``blocking`` and another holder has it."""
+        with self._lock, open(self.dir / f"{name}.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def refresh(self) -> View:
+        """The current view, reloaded first if another process published a new state."""
+        if self._stamp() != self._state_stamp:
+            with self._lock:
+                if self._stamp() != self._state_stamp:
+                    self.view = self._load()
+        return self.view
+
+    def _load(self) -> View:
+        stamp = self._stamp()
+        state = self._read_state()
+        n = state["rows"]
+        gen = state.get("generation")
+        voff, vdata = self._vectors.views(n)
+        self._state_stamp = stamp
+        return View(
+            rows=n, token=tuple(state["token"]) if state["token"] is not None else None, iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
+            planes=self._planes.rows(n), voff=voff, vi=vdata.view(np.int32), vf=vdata.view(np.float32),
+            names=self._names.views(n), meta=self._meta.views(n),
+            nrff=self._nrff.rows(n) if self._nrff is not None else None,
+            rowof=self._rowof.whole(),
+            generation=Generation.load(self.dir / gen) if gen else None,
+            search=SearchParams.from_dict(state["search"]) if state.get("search") else
+            SearchParams(rank_bits=self.config.bits),
+            tuned_rows=state.get("tuned_rows", 0),
+        )
+
+    # --- following the store ------------------------------------------------------------
+    def sync(self, store: Store) -> View:
+        """Bring the mirror up to the store's current token (no-op if it is there)."""
+        with self.locked():
+            state = self._read_state()
+            now = store.token()
+            if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
+                state = self._reset()
+            if state["token"] is None or tuple(state["token"]) != now:
+                changes = store.changes(None if state["token"] is None else tuple(state["token"]))
+                rows = self._append(store, changes.added, state["rows"])
+                self._retire(changes.retired, rows)
+                for col in (self._iid, self._alive, self._norms, self._planes, self._rowof, self._vectors,
+                            self._names, self._meta, *((self._nrff,) if self._nrff else ())):
+                    col.fsync()
+                state.update(rows=rows, token=list(changes.token))
+                self._write_state(state)
+            self.view = self._load()
+        return self.view
+
+    def _reset(self) -> dict:
+        """Forget everything (the store went back in time, e.g. a restored backup)."""
+        for path in self.dir.iterdir():
+            if path.name.endswith(".lock"):
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        self._open_columns()
+        return self._read_state()
+
+    def _append(self, store: Store, iids: np.ndarray, rows: int) -> int:
+        """Read the records of ``iids`` and append those still stored; returns the new row count."""
+        cfg = self.config
+        fields = ["name", "vector", "sketch", "meta"] + (["nrff"] if cfg.nrff_k else [])
+        for lo in range(0, iids.shape[0], _READ_BATCH):
+            part = iids[lo:lo + _READ_BATCH]
+            rec = store.read(part, fields)
+            keep = [i for i, v in enumerate(rec["vector"]) if v is not None]
+            if not keep:
+                continue
+            m = len(keep)
+            new_iids = part[keep]
+            sk = np.frombuffer(b"".join(rec["sketch"][i] for i in keep), np.uint8).reshape(m, -1)
+            norms = np.empty(m)
+            payloads = []
+            for t, i in enumerate(keep):
+                norms[t], payload = self._payload(rec["vector"][i])
+                payloads.append(payload)
+            end = rows + m
+            self._iid.reserve(end)[rows:end] = new_iids
+            self._alive.reserve(end)[rows:end] = 1
+            self._norms.reserve(end)[rows:end] = norms
+            self._planes.reserve(end)[rows:end] = bit_planes(unpack_codes(sk, cfg.k, cfg.bits), cfg.bits)
+            self._vectors.append(rows, payloads)
+            self._names.append(rows, [rec["name"][i] for i in keep])
+            self._meta.append(rows, [rec["meta"][i] or b"" for i in keep])
+            if self._nrff is not None:
+                self._nrff.reserve(end)[rows:end] = np.frombuffer(
+                    b"".join(rec["nrff"][i] for i in keep), np.float32).reshape(m, cfg.nrff_k)
+            rowof = self._rowof.reserve(int(new_iids.max()) + 1)
+            rowof[new_iids] = np.arange(rows + 1, end + 1, dtype=np.uint32)
+            rows = end
+        return rows
+
+    def _payload(self, blob: bytes) -> tuple[float, np.ndarray]:
+        """(norm, the words a row keeps: count, kind, values) of a stored vector blob."""
+        center = self.config.center
+        if center is None:
+            return float(np.frombuffer(blob, "<f8", 1)[0]), np.frombuffer(blob, np.uint32, offset=8)
+        norm, kind, idx, val = decode_vector(blob)
+        dense = np.zeros(self.config.dim, np.float64)
+        if idx is None:
+            dense[:] = val
+        else:
+            dense[idx] = val
+        out = np.empty(self.config.dim + 2, np.uint32)
+        out[0], out[1] = self.config.dim, DENSE
+        out[2:].view(np.float32)[:] = dense - np.asarray(center)
+        return norm, out
+
+    def _retire(self, iids: np.ndarray, rows: int) -> None:
+        if not iids.shape[0]:
+            return
+        rowof = self._rowof.whole()
+        known = iids[iids < rowof.shape[0]]
+        r = rowof[known].astype(np.int64) - 1
+        r = r[(r >= 0) & (r < rows)]
+        self._alive.reserve(rows)[r] = 0
+
+    # --- derived structures -----------------------------------------------------------------
+    def publish(self, *, generation: str | None = None, search: SearchParams | None = None,
+                tuned_rows: int | None = None) -> View:
+        """Record a new generation directory and/or tuned search parameters in the state."""
+        with self.locked():
+            state = self._read_state()
+            old = state.get("generation")
+            if generation is not None:
+                state["generation"] = generation
+            if search is not None:
+                state["search"] = search.to_dict()
+            if tuned_rows is not None:
+                state["tuned_rows"] = tuned_rows
+            self._write_state(state)
+            self.view = self._load()
+        if generation is not None and old and old != generation:
+            shutil.rmtree(self.dir / old, ignore_errors=True)  # mapped elsewhere: stays readable there
+        return self.view
+
+    def disk_bytes(self) -> int:
+        """Bytes of disk the mirror takes."""
+        return sum(p.stat().st_blocks * 512 for p in self.dir.rglob("*") if p.is_file())
+
+
+def _behind(now: tuple, mirrored: list) -> bool:
+    """Whether the store's token is behind the mirror's (a restored backup, a flushed Redis)."""
+    return len(now) != len(mirrored) or any(a < b for a, b in zip(now, mirrored, strict=True))

@@ -1,0 +1,228 @@
+"""From user input to stored records: validation (once, here), hashing, and the vector codec.
+
+A stored vector blob is ``<f8 norm> <i4 count> <i4 kind>`` followed by its values:
+kind 0 is dense (``count`` = dim float32 values); kinds 1 and 2 are sparse
+(``count`` int32 indices, then ``count`` float32 values), given sparse (1) or
+given dense (2), so that it reads back in the shape it came in. The norm is the
+L1 norm of the vector GMM sees (centred, if the index has a centre), so a rerank
+never recomputes it.
+
+**Storage follows the data**: a vector is stored sparse when that takes at most
+half the bytes of dense (fewer than ``dim/4`` nonzeros), whatever shape it was
+given in; nothing on any path densifies a sparse row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import scipy.sparse as sp
+
+from gmmlsh.core import gcws
+from gmmlsh.core.codes import bbit_codes, pack_codes
+from gmmlsh.core.gmm import l1_norms
+from gmmlsh.core.nrff import features
+from gmmlsh.core.validate import NonFiniteError, VectorError, ZeroVectorError, check_batch
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.store.base import MAX_ID_BYTES, RecordBatch
+
+DENSE, SPARSE_GIVEN_SPARSE, SPARSE_GIVEN_DENSE = 0, 1, 2
+_HEAD = np.dtype([("norm", "<f8"), ("count", "<i4"), ("kind", "<i4")])
+
+
+@dataclass
+class StoredVector:
+    """A vector read back: dense ``values`` (``indices`` None) or sparse ``indices`` + ``values``."""
+
+    id: str
+    values: np.ndarray
+    indices: np.ndarray | None
+    metadata: dict | None
+
+
+def check_id(ext_id, field: str = "id") -> str:
+    """An external id as stored: a string of 1 to :data:`MAX_ID_BYTES` bytes of UTF-8."""
+    if not isinstance(ext_id, str):
+        raise VectorError(field, f"ids are strings, got {type(ext_id).__name__}")
+    if not ext_id or len(ext_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise VectorError(field, f"ids must be 1 to {MAX_ID_BYTES} bytes of UTF-8")
+    try:
+        ext_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise VectorError(field, "ids must be valid UTF-8 (no lone surrogates)") from None
+    return ext_id
+
+
+def as_stored(X, dim: int, field: str = "vectors"):
+    """Validate a batch (dense 2-D array or CSR) and round it to float32, the stored precision.
+
+    Refuses what float32 storage would break in valid float64 input: overflow to
+    inf, or a row whose every value underflows to 0.
+    """
+    X = check_batch(X, dim, field=field)
+    with np.errstate(over="ignore"):
+        if sp.issparse(X):
+            X32 = sp.csr_matrix(X, dtype=np.float32)
+            values = X32.data
+            row_of = np.repeat(np.arange(X32.shape[0]), np.diff(X32.indptr))
+            rows_nonzero = np.bincount(row_of[values != 0], minlength=X32.shape[0]) > 0
+        else:
+            X32 = X.astype(np.float32)
+            values, rows_nonzero = X32, X32.any(axis=1)
+    finite = np.isfinite(values)
+    if not finite.all():
+        pos = int(np.flatnonzero(~finite.ravel())[0])
+        bad = np.searchsorted(X32.indptr, pos, "right") - 1 if sp.issparse(X32) else pos // dim
+        raise NonFiniteError(f"{field}[{int(bad)}]", "a value overflows float32, the stored precision")
+    if not rows_nonzero.all():
+        raise ZeroVectorError(f"{field}[{int(np.flatnonzero(~rows_nonzero)[0])}]",
+                              "all values underflow to 0 in float32, the stored precision")
+    if sp.issparse(X32):
+        X32.eliminate_zeros()
+    return X32
+
+
+def as_hashed(X32, config: IndexConfig):
+    """Stored values as sketches and norms see them: the centre subtracted, if any (then dense)."""
+    if config.center is None:
+        return X32  # the kernels widen float32 to float64 themselves
+    dense = X32.toarray() if sp.issparse(X32) else X32
+    Xc = dense.astype(np.float64) - np.asarray(config.center, dtype=np.float64)
+    empty = np.flatnonzero(~Xc.any(axis=1))
+    if empty.size:
+        raise ZeroVectorError(f"vectors[{int(empty[0])}]", "equals the index centre: nothing to sample")
+    return Xc
+
+
+def codes_of(Xh, config: IndexConfig) -> np.ndarray:
+    """b-bit codes (n, k) of hashable rows (see :func:`as_hashed`)."""
+    if config.t_bits:
+        istar, tstar = gcws.sketch(Xh, config.k, config.seed, return_t=True, check=False)
+    else:
+        istar, tstar = gcws.sketch(Xh, config.k, config.seed, check=False), None
+    return bbit_codes(istar, config.bits, config.seed, tstar, config.t_bits)
+
+
+def encode_meta(metadata: Sequence[dict | None] | None, n: int) -> list[bytes | None] | None:
+    """Metadata as JSON bytes, or None when no row has any."""
+    if metadata is None:
+        return None
+    if len(metadata) != n:
+        raise VectorError("metadata", f"{len(metadata)} entries for {n} vectors")
+    out = []
+    for j, m in enumerate(metadata):
+        if m is not None and not isinstance(m, dict):
+            raise VectorError(f"metadata[{j}]", "must be a JSON object or null")
+        try:
+            out.append(orjson.dumps(m) if m is not None else None)
+        except TypeError as exc:
+            raise VectorError(f"metadata[{j}]", f"not JSON-serialisable ({exc})") from None
+    return out if any(m is not None for m in out) else None
+
+
+def prepare(config: IndexConfig, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None
+            ) -> RecordBatch:
+    """Validate and hash rows into records; touches no store. Raises :class:`VectorError`
+    naming the first bad field (``ids[i]``, ``metadata[i]``, ``vectors[i]``)."""
+    ids = [check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+    n = X.shape[0] if hasattr(X, "shape") and np.ndim(X) == 2 else len(X)
+    if len(ids) != n:
+        raise VectorError("ids", f"{len(ids)} ids for {n} vectors")
+    meta = encode_meta(metadata, n)
+    if n == 0:
+        return RecordBatch(ids=[], vectors=[], sketches=np.zeros((0, config.sketch_bytes), np.uint8))
+    X32 = as_stored(X, config.dim)
+    Xh = as_hashed(X32, config)
+    codes = codes_of(Xh, config)
+    feats = None
+    if config.nrff_k:
+        feats = features(Xh, config.nrff_k, config.gamma, config.seed).astype(np.float32)
+    return RecordBatch(ids=ids, vectors=encode_vectors(X32, l1_norms(Xh)), sketches=pack_codes(codes, config.bits),
+                       nrff=feats, meta=meta)
+
+
+# --- the vector codec ----------------------------------------------------------------------
+
+
+def encode_vectors(X32, norms: np.ndarray) -> list[bytes]:
+    """One blob per row of a float32 dense array or CSR matrix (see the module docstring)."""
+    n, dim = X32.shape
+    if sp.issparse(X32):
+        indptr, indices, data = X32.indptr, X32.indices, X32.data
+        nnz = np.diff(indptr)
+        given = SPARSE_GIVEN_SPARSE
+    else:
+        nnz = np.count_nonzero(X32, axis=1)
+        indptr = indices = data = None
+        given = SPARSE_GIVEN_DENSE
+    sparse_rows = 4 * nnz < dim
+    out: list[bytes] = [b""] * n
+    dense = np.flatnonzero(~sparse_rows)
+    if dense.shape[0]:  # one structured array for all dense rows: no Python work per value
+        rec = np.zeros(dense.shape[0], dtype=[*(_HEAD.descr), ("values", "<f4", (dim,))])
+        rec["norm"], rec["count"], rec["kind"] = norms[dense], dim, DENSE
+        rec["values"] = X32[dense].toarray() if indptr is not None else X32[dense]
+        raw, size = rec.tobytes(), rec.dtype.itemsize
+        for t, v in enumerate(dense.tolist()):
+            out[v] = raw[t * size:(t + 1) * size]
+    head = np.zeros(1, dtype=_HEAD)
+    for v in np.flatnonzero(sparse_rows).tolist():
+        if indptr is not None:
+            idx, val = indices[indptr[v]:indptr[v + 1]], data[indptr[v]:indptr[v + 1]]
+        else:
+            idx = np.flatnonzero(X32[v])
+            val = X32[v, idx]
+        head["norm"], head["count"], head["kind"] = norms[v], idx.shape[0], given
+        out[v] = head.tobytes() + idx.astype("<i4").tobytes() + val.astype("<f4").tobytes()
+    return out
+
+
+def decode_vector(blob: bytes) -> tuple[float, int, np.ndarray | None, np.ndarray]:
+    """(norm, kind, indices or None, float32 values) of one blob."""
+    head = np.frombuffer(blob, dtype=_HEAD, count=1)[0]
+    count, kind = int(head["count"]), int(head["kind"])
+    if kind == DENSE:
+        return float(head["norm"]), kind, None, np.frombuffer(blob, "<f4", count, _HEAD.itemsize)
+    idx = np.frombuffer(blob, "<i4", count, _HEAD.itemsize)
+    return float(head["norm"]), kind, idx, np.frombuffer(blob, "<f4", count, _HEAD.itemsize + 4 * count)
+
+
+def payload(blob: bytes) -> memoryview:
+    """The blob after its norm: the words a search mirror keeps (``count``, ``kind``, values)."""
+    return memoryview(blob)[8:]
+
+
+def as_given(ext_id: str, blob: bytes, dim: int, meta: bytes | None) -> StoredVector:
+    """A stored vector in the shape it was given in: dense values, or sparse indices + values."""
+    _, kind, idx, val = decode_vector(blob)
+    metadata = orjson.loads(meta) if meta else None
+    if kind == SPARSE_GIVEN_SPARSE:
+        return StoredVector(ext_id, val.copy(), idx.astype(np.int64), metadata)
+    if kind == SPARSE_GIVEN_DENSE:
+        dense = np.zeros(dim, dtype=np.float32)
+        dense[idx] = val
+        return StoredVector(ext_id, dense, None, metadata)
+    return StoredVector(ext_id, val.copy(), None, metadata)
+
+
+def decode_rows(blobs: list[bytes], dim: int) -> tuple[sp.csr_matrix | np.ndarray, np.ndarray]:
+    """Blobs → (rows as stored precision: dense float32 array if all are dense, else CSR; norms)."""
+    parts = [decode_vector(b) for b in blobs]
+    norms = np.array([p[0] for p in parts], dtype=np.float64)
+    if all(p[1] == DENSE for p in parts):
+        X = np.vstack([p[3] for p in parts]) if parts else np.zeros((0, dim), np.float32)
+        return X, norms
+    indptr = np.zeros(len(parts) + 1, dtype=np.int64)
+    cols, vals = [], []
+    for v, (_, kind, idx, val) in enumerate(parts):
+        if kind == DENSE:
+            idx = np.flatnonzero(val)
+            val = val[idx]
+        cols.append(idx)
+        vals.append(val)
+        indptr[v + 1] = indptr[v] + idx.shape[0]
+    X = sp.csr_matrix((np.concatenate(vals), np.concatenate(cols), indptr), shape=(len(parts), dim))
+    return X, norms

@@ -1,0 +1,174 @@
+"""The query path, one skeleton for single and batch queries:
+
+    query → (sketch planes, dense buffer) → candidates from lists and tail → first-stage
+    shortlist → rank on every sample → exact GMM of the best few → top k → names
+
+All of it reads the mirror (:mod:`gmmlsh.index.mirror`); nothing here touches the
+store. The kernels are :mod:`gmmlsh.core.search`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+import orjson
+import scipy.sparse as sp
+
+from gmmlsh.core import nrff
+from gmmlsh.core.codes import bit_planes
+from gmmlsh.core.ivf import first_shape
+from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
+from gmmlsh.core.search import exact_parallel, exact_serial, row_cosine, search, search_many_parallel, \
+    search_many_serial
+from gmmlsh.index.config import IndexConfig, SearchParams
+from gmmlsh.index.mirror import View
+from gmmlsh.index.records import as_hashed, codes_of
+
+MODES = ("lsh", "exact", "nrff")
+_EMPTY_U64 = np.zeros((0, 1), dtype=np.uint64)
+_EMPTY_I64 = np.zeros(1, dtype=np.int64)
+_EMPTY_U32 = np.zeros(0, dtype=np.uint32)
+
+
+@dataclass
+class Neighbor:
+    id: str
+    similarity: float
+    metadata: dict | None = None
+
+
+@dataclass
+class QueryResult:
+    """An answer: the ``mode`` that produced it, how many vectors it scored exactly
+    (``candidates``), and the neighbours best first with their exact similarity."""
+
+    mode: str
+    k: int
+    candidates: int
+    neighbors: list[Neighbor] = field(default_factory=list)
+
+
+@dataclass
+class Prepared:
+    """A query as the kernels take it."""
+
+    planes: np.ndarray  # (bits · words,) uint64
+    dense: np.ndarray  # (dim,) float64: the vector GMM sees (centred), zero where it is zero
+    norm: float  # its L1 norm
+    exclude: int = -1  # mirror row left out of the answer (a query by id), or −1
+
+
+def prepare_vectors(X32, config: IndexConfig) -> list[Prepared]:
+    """Validated rows at stored precision (dense 2-D or CSR) → prepared queries."""
+    Xh = as_hashed(X32, config)
+    planes = bit_planes(codes_of(Xh, config), config.bits)
+    dense = Xh.toarray() if sp.issparse(Xh) else np.asarray(Xh)
+    dense = dense.astype(np.float64)
+    norms = np.abs(dense).sum(axis=1)
+    return [Prepared(planes[i], dense[i], float(norms[i])) for i in range(dense.shape[0])]
+
+
+def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:
+    """A stored vector as a query (its own row excluded), from the mirror alone."""
+    off = int(view.voff[row])
+    count, kind = int(view.vi[off]), int(view.vi[off + 1])
+    dense = np.zeros(config.dim)
+    if kind == 0:
+        dense[:] = view.vf[off + 2:off + 2 + count]
+    else:
+        dense[view.vi[off + 2:off + 2 + count]] = view.vf[off + 2 + count:off + 2 + 2 * count]
+    return Prepared(np.array(view.planes[row]), dense, float(view.norms[row]), exclude=row)
+
+
+def _lists(view: View):
+    g = view.generation
+    if g is None:
+        return _EMPTY_U64, _EMPTY_I64, _EMPTY_U32, _EMPTY_U64
+    return g.centroids, g.starts, g.lrows, g.lfirst
+
+
+def run_lsh(view: View, queries: list[Prepared], params: SearchParams, config: IndexConfig
+            ) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(rows, exact similarities, rows scanned) of each query's reranked candidates."""
+    words = view.planes.shape[1] // config.bits
+    fp, fw = first_shape(config.bits, words)
+    probes = params.probes if params.probes > 0 else 1 << 30
+    rank_planes = max(1, min(params.rank_bits, config.bits))
+    lists = _lists(view)
+    common = (lists[0], lists[1], lists[2], lists[3], view.planes, view.tail_start, view.rows, view.alive,
+              view.voff, view.vi, view.vf, view.norms, probes, params.shortlist, rank_planes, params.candidates)
+    C = params.candidates
+    if len(queries) == 1:
+        q = queries[0]
+        rows, sims = np.empty(C, np.int64), np.empty(C)
+        n, scanned = search(q.planes, words, fp, fw, q.dense, q.norm, q.exclude, *common, rows, sims)
+        return [(rows[:n], sims[:n], int(scanned))]
+    m = len(queries)
+    rows, sims = np.empty((m, C), np.int64), np.empty((m, C))
+    counts, scanned = np.empty(m, np.int64), np.empty(m, np.int64)
+    QP = np.stack([q.planes for q in queries])
+    Qd = np.stack([q.dense for q in queries])
+    qn = np.array([q.norm for q in queries])
+    ex = np.array([q.exclude for q in queries], dtype=np.int64)
+    args = (QP, words, fp, fw, Qd, qn, ex, *common, rows, sims, counts, scanned)
+    if numba.get_num_threads() > 1:
+        with PARALLEL_LOCK:
+            search_many_parallel(*args)
+    else:
+        search_many_serial(*args)
+    return [(rows[i, :counts[i]], sims[i, :counts[i]], int(scanned[i])) for i in range(m)]
+
+
+def run_exact(view: View, q: Prepared) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows, exact similarities, rows scored) of every live row: brute force, the ground truth."""
+    n = view.rows
+    sims = np.empty(n)
+    args = (q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, n, sims)
+    if int(view.voff[n]) >= PARALLEL_MIN_WORK:
+        with PARALLEL_LOCK:
+            exact_parallel(*args)
+    else:
+        exact_serial(*args)
+    rows = np.flatnonzero(sims >= 0)
+    return rows, sims[rows], int(rows.shape[0])
+
+
+def run_nrff(view: View, q: Prepared, config: IndexConfig, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Stored NRFF features ranked by estimated RBF, the best ``budget`` scored by the exact RBF."""
+    if view.nrff is None:
+        from gmmlsh.core.validate import VectorError
+
+        raise VectorError("mode", "this index stores no NRFF features (created with nrff_k=0)")
+    f = nrff.features(q.dense, config.nrff_k, config.gamma, config.seed).astype(np.float32)
+    est = view.nrff @ f
+    est[view.alive == 0] = -np.inf
+    if 0 <= q.exclude < est.shape[0]:
+        est[q.exclude] = -np.inf
+    live = int(np.isfinite(est).sum())
+    top = _top(est, min(budget, live))
+    l2 = math.sqrt(float(q.dense @ q.dense))
+    rho = np.array([row_cosine(q.dense, l2, view.voff, view.vi, view.vf, r) for r in top.tolist()])
+    return top, np.exp(-config.gamma * (1.0 - np.clip(rho, -1.0, 1.0))), int(top.shape[0])
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` largest scores, best first (ties by position)."""
+    part = np.argpartition(-scores, k - 1)[:k] if scores.shape[0] > k else np.arange(scores.shape[0])
+    return part[np.lexsort((part, -scores[part]))]
+
+
+def answer(view: View, mode: str, k: int, rows: np.ndarray, sims: np.ndarray, scored: int,
+           min_similarity: float) -> QueryResult:
+    """The best ``k`` of the scored rows at or above ``min_similarity``, named from the mirror."""
+    keep = sims >= min_similarity
+    rows, sims = rows[keep], sims[keep]
+    best = _top(sims, min(k, sims.shape[0])) if sims.shape[0] else np.zeros(0, np.int64)
+    out = []
+    for p in best.tolist():
+        r = int(rows[p])
+        meta = view.metadata(r)
+        out.append(Neighbor(view.name(r), float(sims[p]), orjson.loads(meta) if meta else None))
+    return QueryResult(mode=mode, k=k, candidates=scored, neighbors=out)
