@@ -163,10 +163,12 @@ def agreement(a, b, words, planes, first_words):
     """Samples among the first ``first_words·64`` on which the low ``planes`` bits of two
     plane rows agree (``a``, ``b``: 1-D rows laid out as :func:`bit_planes` makes them)."""
     total = 0
+    stride = np.uint64(words)
     for w in range(first_words):
         d = a[w] ^ b[w]
         for p in range(1, planes):
-            d |= a[p * words + w] ^ b[p * words + w]
+            i = np.uint64(p) * stride + np.uint64(w)  # unsigned: no wrap-around check per read
+            d |= a[i] ^ b[i]
         total += popcount(~d)
     return total
 

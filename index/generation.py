@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gmmlsh.core.ivf import assign, first_rows, first_shape, kmodes
+from gmmlsh.core.ivf import assign, kmodes
 
 #: Rows per inverted list the centroids aim for.
 LIST_ROWS = 512
@@ -68,30 +68,29 @@ def due(rows: int, tail: int) -> bool:
     return rows >= MIN_ROWS and tail >= tail_limit(rows)
 
 
-def build(directory: Path, planes: np.ndarray, alive: np.ndarray, rows: int, bits: int, words: int,
-          previous: Generation | None, seed: int = 0) -> str:
-    """Write the generation after ``previous`` for rows ``< rows`` into a new subdirectory of
-    ``directory``; returns its name (to publish in the mirror's state)."""
-    fp, fw = first_shape(bits, words)
+def build(directory: Path, first: np.ndarray, alive: np.ndarray, rows: int, previous: Generation | None,
+          seed: int = 0) -> str:
+    """Write the generation after ``previous`` for rows ``< rows`` (first-stage rows ``first``)
+    into a new subdirectory of ``directory``; returns its name (to publish in the mirror's state)."""
     refit = previous is None or rows >= 2 * previous.clustered_rows
     if refit:
         members = np.flatnonzero(alive[:rows])
-        F = first_rows(planes, members, words, fp, fw)
+        F = np.ascontiguousarray(first[members])
         nlist = max(1, members.shape[0] // LIST_ROWS)
         rng = np.random.default_rng(seed)
         size = min(members.shape[0], SAMPLE_PER_LIST * nlist, SAMPLE_MAX)
-        centroids = kmodes(F[rng.choice(members.shape[0], size, replace=False)], nlist, fp, fw, seed=seed)
-        labels = assign(F, centroids, fp, fw)
+        centroids = kmodes(F[rng.choice(members.shape[0], size, replace=False)], nlist, seed=seed)
+        labels = assign(F, centroids)
         clustered = rows
     else:
         centroids = previous.centroids
         keep = alive[previous.lrows] != 0
         old_labels = np.repeat(np.arange(previous.lists), np.diff(previous.starts))[keep]
         new = previous.rows + np.flatnonzero(alive[previous.rows:rows])
-        F_new = first_rows(planes, new, words, fp, fw)
+        F_new = np.ascontiguousarray(first[new])
         members = np.concatenate([previous.lrows[keep].astype(np.int64), new])
         F = np.concatenate([previous.lfirst[keep], F_new])
-        labels = np.concatenate([old_labels, assign(F_new, centroids, fp, fw)])
+        labels = np.concatenate([old_labels, assign(F_new, centroids)])
         clustered = previous.clustered_rows
     order = np.argsort(labels, kind="stable")
     starts = np.zeros(centroids.shape[0] + 1, dtype=np.int64)

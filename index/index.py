@@ -240,9 +240,8 @@ class Index:
                     return done
                 view = self.mirror.sync(self.store)
                 if generation.due(view.rows, view.rows - view.tail_start):
-                    words = view.planes.shape[1] // self.config.bits
-                    name = generation.build(self.mirror.dir, view.planes, view.alive, view.rows, self.config.bits,
-                                            words, view.generation, seed=self.config.seed)
+                    name = generation.build(self.mirror.dir, view.first, view.alive, view.rows, view.generation,
+                                            seed=self.config.seed)
                     view = self.mirror.publish(generation=name)
                     done["generation"] = view.generation.number
                 if view.rows >= tuner.MIN_ROWS and view.rows >= 2 * max(view.tuned_rows, 1):

@@ -9,7 +9,7 @@ second worker adds no second copy.
 A mirror *row* is one stored vector, numbered in the order the mirror learned of
 it: row-indexed columns hold its iid, a live flag, the L1 norm and payload of the
 vector as GMM sees it (centred, if the index has a centre), the bit planes of its
-sketch, its name and metadata, and its NRFF features; an iid-indexed column maps
+sketch and its first-stage row (:mod:`gmmlsh.core.ivf`), its name and metadata, and its NRFF features; an iid-indexed column maps
 iids back to rows. Inverted lists over the rows are built in *generations*
 (:mod:`gmmlsh.index.generation`); rows added since the current generation form the
 *tail*, which a query scans whole.
@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
+from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index.columns import Blobs, Column
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.generation import Generation
@@ -60,6 +61,7 @@ class View:
     alive: np.ndarray
     norms: np.ndarray
     planes: np.ndarray
+    first: np.ndarray
     voff: np.ndarray
     vi: np.ndarray
     vf: np.ndarray
@@ -108,6 +110,7 @@ class Mirror:
         self._alive = Column(d / "alive.u1", np.uint8)
         self._norms = Column(d / "norm.f8", np.float64)
         self._planes = Column(d / "planes.u8", np.uint64, config.bits * self.words)
+        self._first = Column(d / "first.u8", np.uint64, FIRST_WORDS)
         self._nrff = Column(d / "nrff.f4", np.float32, config.nrff_k) if config.nrff_k else None
         self._rowof = Column(d / "rowof.u4", np.uint32)
         self._vectors = Blobs(d, "vectors", np.uint32)
@@ -177,7 +180,7 @@ class Mirror:
         self._state_stamp = stamp
         return View(
             rows=n, token=tuple(state["token"]) if state["token"] is not None else None, iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
-            planes=self._planes.rows(n), voff=voff, vi=vdata.view(np.int32), vf=vdata.view(np.float32),
+            planes=self._planes.rows(n), first=self._first.rows(n), voff=voff, vi=vdata.view(np.int32), vf=vdata.view(np.float32),
             names=self._names.views(n), meta=self._meta.views(n),
             nrff=self._nrff.rows(n) if self._nrff is not None else None,
             rowof=self._rowof.whole(),
@@ -199,7 +202,7 @@ class Mirror:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
                 rows = self._append(store, changes.added, state["rows"])
                 self._retire(changes.retired, rows)
-                for col in (self._iid, self._alive, self._norms, self._planes, self._rowof, self._vectors,
+                for col in (self._iid, self._alive, self._norms, self._planes, self._first, self._rowof, self._vectors,
                             self._names, self._meta, *((self._nrff,) if self._nrff else ())):
                     col.fsync()
                 state.update(rows=rows, token=list(changes.token))
@@ -241,7 +244,9 @@ class Mirror:
             self._iid.reserve(end)[rows:end] = new_iids
             self._alive.reserve(end)[rows:end] = 1
             self._norms.reserve(end)[rows:end] = norms
-            self._planes.reserve(end)[rows:end] = bit_planes(unpack_codes(sk, cfg.k, cfg.bits), cfg.bits)
+            planes = bit_planes(unpack_codes(sk, cfg.k, cfg.bits), cfg.bits)
+            self._planes.reserve(end)[rows:end] = planes
+            self._first.reserve(end)[rows:end] = first_rows(planes, self.words, cfg.bits)
             self._vectors.append(rows, payloads)
             self._names.append(rows, [rec["name"][i] for i in keep])
             self._meta.append(rows, [rec["meta"][i] or b"" for i in keep])

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from gmmlsh.core import nrff
 from gmmlsh.core.codes import bit_planes
-from gmmlsh.core.ivf import first_shape
+from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
 from gmmlsh.core.search import exact_parallel, exact_serial, row_cosine, search, search_many_parallel, \
     search_many_serial
@@ -28,7 +28,7 @@ from gmmlsh.index.mirror import View
 from gmmlsh.index.records import as_hashed, codes_of
 
 MODES = ("lsh", "exact", "nrff")
-_EMPTY_U64 = np.zeros((0, 1), dtype=np.uint64)
+_EMPTY_U64 = np.zeros((0, FIRST_WORDS), dtype=np.uint64)
 _EMPTY_I64 = np.zeros(1, dtype=np.int64)
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 
@@ -56,6 +56,7 @@ class Prepared:
     """A query as the kernels take it."""
 
     planes: np.ndarray  # (bits · words,) uint64
+    first: np.ndarray  # (FIRST_WORDS,) uint64
     dense: np.ndarray  # (dim,) float64: the vector GMM sees (centred), zero where it is zero
     norm: float  # its L1 norm
     exclude: int = -1  # mirror row left out of the answer (a query by id), or −1
@@ -65,10 +66,11 @@ def prepare_vectors(X32, config: IndexConfig) -> list[Prepared]:
     """Validated rows at stored precision (dense 2-D or CSR) → prepared queries."""
     Xh = as_hashed(X32, config)
     planes = bit_planes(codes_of(Xh, config), config.bits)
+    first = first_rows(planes, planes.shape[1] // config.bits, config.bits)
     dense = Xh.toarray() if sp.issparse(Xh) else np.asarray(Xh)
     dense = dense.astype(np.float64)
     norms = np.abs(dense).sum(axis=1)
-    return [Prepared(planes[i], dense[i], float(norms[i])) for i in range(dense.shape[0])]
+    return [Prepared(planes[i], first[i], dense[i], float(norms[i])) for i in range(dense.shape[0])]
 
 
 def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:
@@ -80,7 +82,7 @@ def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:
         dense[:] = view.vf[off + 2:off + 2 + count]
     else:
         dense[view.vi[off + 2:off + 2 + count]] = view.vf[off + 2 + count:off + 2 + 2 * count]
-    return Prepared(np.array(view.planes[row]), dense, float(view.norms[row]), exclude=row)
+    return Prepared(np.array(view.planes[row]), np.array(view.first[row]), dense, float(view.norms[row]), exclude=row)
 
 
 def _lists(view: View):
@@ -94,26 +96,26 @@ def run_lsh(view: View, queries: list[Prepared], params: SearchParams, config: I
             ) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """(rows, exact similarities, rows scanned) of each query's reranked candidates."""
     words = view.planes.shape[1] // config.bits
-    fp, fw = first_shape(config.bits, words)
     probes = params.probes if params.probes > 0 else 1 << 30
     rank_planes = max(1, min(params.rank_bits, config.bits))
     lists = _lists(view)
-    common = (lists[0], lists[1], lists[2], lists[3], view.planes, view.tail_start, view.rows, view.alive,
+    common = (lists[0], lists[1], lists[2], lists[3], view.first, view.planes, view.tail_start, view.rows, view.alive,
               view.voff, view.vi, view.vf, view.norms, probes, params.shortlist, rank_planes, params.candidates)
     C = params.candidates
     if len(queries) == 1:
         q = queries[0]
         rows, sims = np.empty(C, np.int64), np.empty(C)
-        n, scanned = search(q.planes, words, fp, fw, q.dense, q.norm, q.exclude, *common, rows, sims)
+        n, scanned = search(q.planes, q.first, words, q.dense, q.norm, q.exclude, *common, rows, sims)
         return [(rows[:n], sims[:n], int(scanned))]
     m = len(queries)
     rows, sims = np.empty((m, C), np.int64), np.empty((m, C))
     counts, scanned = np.empty(m, np.int64), np.empty(m, np.int64)
     QP = np.stack([q.planes for q in queries])
+    QF = np.stack([q.first for q in queries])
     Qd = np.stack([q.dense for q in queries])
     qn = np.array([q.norm for q in queries])
     ex = np.array([q.exclude for q in queries], dtype=np.int64)
-    args = (QP, words, fp, fw, Qd, qn, ex, *common, rows, sims, counts, scanned)
+    args = (QP, QF, words, Qd, qn, ex, *common, rows, sims, counts, scanned)
     if numba.get_num_threads() > 1:
         with PARALLEL_LOCK:
             search_many_parallel(*args)
