@@ -23,13 +23,12 @@ sparse stored row costs one gather per nonzero.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
-
 from gmmlsh.core.codes import WORD, agreement
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement
 from gmmlsh.core.parallel import twin_kernels
+from numba import njit, prange
 
 #: Rows the rank pass prefetches ahead (its rows are random: each would be a full memory latency).
 _AHEAD = 4

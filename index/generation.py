@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from gmmlsh.core.ivf import assign, kmodes
 
 #: Rows per inverted list the centroids aim for.

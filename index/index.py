@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-
 from gmmlsh.core.validate import VectorError, check_dense, check_sparse
 from gmmlsh.index import generation, tuner
 from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, IndexConfig, SearchParams
 from gmmlsh.index.mirror import Mirror, View
 from gmmlsh.index.records import StoredVector, as_given, as_stored, check_id, prepare
-from gmmlsh.index.search import MODES, QueryResult, answer, prepare_row, prepare_vectors, run_exact, run_lsh, \
-    run_nrff
+from gmmlsh.index.search import MODES, QueryResult, answer, prepare_row, prepare_vectors, run_exact, run_lsh, run_nrff
 from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
 
 log = logging.getLogger("gmmlsh.index")

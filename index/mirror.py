@@ -9,8 +9,8 @@ second worker adds no second copy.
 A mirror *row* is one stored vector, numbered in the order the mirror learned of
 it: row-indexed columns hold its iid, a live flag, the L1 norm and payload of the
 vector as GMM sees it (centred, if the index has a centre), the bit planes of its
-sketch and its first-stage row (:mod:`gmmlsh.core.ivf`), its name and metadata, and its NRFF features; an iid-indexed column maps
-iids back to rows. Inverted lists over the rows are built in *generations*
+sketch and its first-stage row (:mod:`gmmlsh.core.ivf`), its name and metadata, and
+its NRFF features; an iid-indexed column maps iids back to rows. Inverted lists over the rows are built in *generations*
 (:mod:`gmmlsh.index.generation`); rows added since the current generation form the
 *tail*, which a query scans whole.
 
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index.columns import Blobs, Column
@@ -179,8 +178,10 @@ class Mirror:
         voff, vdata = self._vectors.views(n)
         self._state_stamp = stamp
         return View(
-            rows=n, token=tuple(state["token"]) if state["token"] is not None else None, iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
-            planes=self._planes.rows(n), first=self._first.rows(n), voff=voff, vi=vdata.view(np.int32), vf=vdata.view(np.float32),
+            rows=n, token=tuple(state["token"]) if state["token"] is not None else None,
+            iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
+            planes=self._planes.rows(n), first=self._first.rows(n), voff=voff,
+            vi=vdata.view(np.int32), vf=vdata.view(np.float32),
             names=self._names.views(n), meta=self._meta.views(n),
             nrff=self._nrff.rows(n) if self._nrff is not None else None,
             rowof=self._rowof.whole(),

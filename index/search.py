@@ -16,13 +16,18 @@ import numba
 import numpy as np
 import orjson
 import scipy.sparse as sp
-
 from gmmlsh.core import nrff
 from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
-from gmmlsh.core.search import exact_parallel, exact_serial, row_cosine, search, search_many_parallel, \
-    search_many_serial
+from gmmlsh.core.search import (
+    exact_parallel,
+    exact_serial,
+    row_cosine,
+    search,
+    search_many_parallel,
+    search_many_serial,
+)
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.records import as_hashed, codes_of

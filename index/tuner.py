@@ -17,14 +17,15 @@ import time
 from dataclasses import replace
 
 import numpy as np
-
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.search import Prepared, prepare_row, run_exact, run_lsh
 
-#: Recall the tuner plans for on its sample: above the 0.95 users are promised, since
-#: queries from outside the index can be harder than the stored vectors it samples.
-TARGET_RECALL = 0.97
+#: Recall the tuner plans for on its sample. Stored vectors are easier queries than new
+#: ones (their own near-copies are in the index), so this stands above the 0.95 users are
+#: promised: on Fashion-MNIST grown to 1M, settings reaching 0.99 on the sample gave 0.97
+#: on held-out queries (at 60k the two agree within 0.005).
+TARGET_RECALL = 0.99
 NEIGHBORS = 10
 #: Sample queries and the smallest index worth tuning.
 QUERIES = 64
@@ -60,6 +61,17 @@ def _measure(view: View, qs: list[Prepared], tenth: np.ndarray, params: SearchPa
     return float(np.mean([recall(s, t) for (_, s, _), t in zip(found, tenth, strict=True)])), seconds
 
 
+def _seconds(view: View, qs: list[Prepared], params: SearchParams, config: IndexConfig, rounds: int = 3) -> float:
+    """Seconds per query of ``params``: the best of ``rounds`` passes (the machine is shared and noisy)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for q in qs:
+            run_lsh(view, [q], params, config)
+        best = min(best, (time.perf_counter() - t0) / len(qs))
+    return best
+
+
 def _probe_ladder(lists: int) -> list[int]:
     """Lists to try: a doubling ladder from 4 up to all of them (0 = all)."""
     if lists <= 4:
@@ -74,17 +86,19 @@ def _probe_ladder(lists: int) -> list[int]:
 def tune(view: View, config: IndexConfig, *, target: float = TARGET_RECALL, queries: int = QUERIES,
          seed: int = 0) -> tuple[SearchParams, dict]:
     """The cheapest search reaching ``target`` on a sample of this index, and a report of the trial."""
-    qs, tenth = _sample(view, config, queries, seed)
-    t0 = time.perf_counter()
-    for q in qs:
-        run_exact(view, q)
-    exact_s = (time.perf_counter() - t0) / len(qs)
-    best: tuple[float, SearchParams, float] | None = None
+    qs, tenth = _sample(view, config, queries, seed)  # its exact searches warm the mirror's pages too
+    exact_s = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for q in qs[:16]:
+            run_exact(view, q)
+        exact_s = min(exact_s, (time.perf_counter() - t0) / len(qs[:16]))
+    reached: list[tuple[float, SearchParams, float]] = []
     lists = view.generation.lists if view.generation is not None else 0
     bits_ladder = sorted({b for b in (2, 4, 8, config.bits) if b <= config.bits})
     for rank_bits in bits_ladder:
         for probes in _probe_ladder(lists):
-            reached = False
+            hit = False
             for shortlist in _SHORTLISTS:
                 for candidates in _CANDIDATES:
                     if candidates > shortlist:
@@ -93,12 +107,14 @@ def tune(view: View, config: IndexConfig, *, target: float = TARGET_RECALL, quer
                                           candidates=candidates)
                     r, s = _measure(view, qs, tenth, params, config)
                     if r >= target:
-                        if best is None or s < best[0]:
-                            best = (s, params, r)
-                        reached = True
+                        reached.append((s, params, r))
+                        hit = True
                         break  # more candidates only cost more
-            if reached and probes != 0:
+            if hit and probes != 0:
                 break  # more lists only cost more
+    # The finalists are timed again, best of three passes: one noisy pass must not decide.
+    finalists = sorted(reached, key=lambda x: x[0])[:4]
+    best = min(((_seconds(view, qs, p, config), p, r) for _, p, r in finalists), key=lambda x: x[0], default=None)
     report = {"queries": len(qs), "target_recall": target, "exact_ms": round(exact_s * 1e3, 3)}
     if best is None or exact_s <= best[0]:
         report["chosen"] = "exact"

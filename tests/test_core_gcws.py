@@ -35,7 +35,7 @@ import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from gmmlsh.core.gcws import (
+from gmmlsh.core.codes import (
     bbit_codes,
     bbit_collision_probability,
     collision_rate,
@@ -43,10 +43,9 @@ from gmmlsh.core.gcws import (
     estimate_gmm,
     pack_codes,
     packed_bytes,
-    sketch,
-    sketch_sparse_vector,
     unpack_codes,
 )
+from gmmlsh.core.gcws import sketch, sketch_sparse_vector
 from gmmlsh.core.gmm import gmm, gmm_many
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from gmmlsh.core.gcws import bbit_codes, sketch, sketch_sparse_vector
+from gmmlsh.core.codes import bbit_codes
+from gmmlsh.core.gcws import sketch, sketch_sparse_vector
 from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, score_rows
 from gmmlsh.core.nrff import features
 from gmmlsh.core.validate import (

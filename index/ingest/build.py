@@ -1,13 +1,12 @@
-"""The streaming batch build: chunks from a :class:`~index.readers.Reader` into an :class:`~index.index.Index`.
+"""The streaming batch build: chunks from a :class:`~gmmlsh.index.ingest.readers.Reader` into an index.
 
 Memory is bounded by the chunk size, in a three-stage pipeline: a reader
 thread parses the next chunks (at most ``prefetch`` wait), a hashing thread
 checks and hashes the chunk after the one being written (``Index.prepare``, on
 all cores), and the calling thread writes one chunk at a time
-(``Index.write``, one transaction). Hashing the next chunk during a write
-hides most of its cost: it is ~15 µs of a vector's ~130 on Redis and of ~55 on
-LMDB (bench/RESULTS.md). Writes stay in input order, so the last occurrence of
-an id wins as in one big upsert.
+(``Index.write``, one transaction). Writes stay in input order, so the last
+occurrence of an id wins as in one big upsert. At the end the index builds its
+search lists and tunes its search (``Index.maintain``).
 
 Interrupting is safe, and running the same build again finishes the job:
 
@@ -40,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
+from gmmlsh.index.records import as_stored, decode_rows
 from gmmlsh.index.store.base import RecordBatch
 
 
@@ -56,6 +56,8 @@ class BuildSummary:
     index_bytes: int | None = None
     index_bytes_kind: str = "data file"
     interrupted: bool = False
+    #: What :meth:`Index.maintain` did at the end (search lists built, search tuned).
+    upkeep: dict | None = None
 
     @property
     def vectors_per_s(self) -> float:
@@ -184,27 +186,16 @@ def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
 # --- resume -------------------------------------------------------------------------
 
 
-def _stored_as(index, X):
-    """``X`` rounded the way the index stores it: float32, dense or sorted CSR without zeros."""
-    if index.config.storage == "dense":
-        return (X.toarray() if sp.issparse(X) else np.asarray(X)).astype(np.float32)
-    A = sp.csr_matrix(X, dtype=np.float32)
-    A.eliminate_zeros()
-    A.sort_indices()
-    return A
-
-
 def _equal_rows(index, blobs: list[bytes], X) -> bool:
-    from gmmlsh.index import codec
-
-    dim = index.config.dim
-    want = _stored_as(index, X)
-    if index.config.storage == "dense":
-        got, _ = codec.decode_dense(blobs, dim)
-        return got.shape == want.shape and np.array_equal(got, want)
-    got, _ = codec.decode_sparse(blobs, dim)
-    return (np.array_equal(np.diff(got.indptr), np.diff(want.indptr)) and np.array_equal(got.indices, want.indices)
-            and np.array_equal(got.data, want.data))
+    """Whether stored vector blobs hold exactly the rows of ``X`` at stored precision."""
+    got, _ = decode_rows(blobs, index.config.dim)
+    got = sp.csr_matrix(got)
+    want = sp.csr_matrix(as_stored(X, index.config.dim))
+    for m in (got, want):
+        m.eliminate_zeros()
+        m.sort_indices()
+    return (got.shape == want.shape and np.array_equal(got.indptr, want.indptr)
+            and np.array_equal(got.indices, want.indices) and np.array_equal(got.data, want.data))
 
 
 def _equal_meta(blobs: list[bytes | None], metadata) -> bool:
@@ -221,30 +212,18 @@ def chunk_done(index, chunk: Chunk) -> bool:
     store reads per chunk (ids, vectors, metadata) — far less than hashing and
     writing it again. Any difference means the chunk is written again.
     """
-    n = len(chunk.ids)
-    if n == 0:
+    if len(chunk.ids) == 0:
         return True
-    store = getattr(index, "store", None)
-    if store is None:  # an index without a bulk store interface: per-id checks
-        return all(index.contains(i) for i in chunk.ids) and all(
-            _equal_rows_slow(index, chunk, i) for i in range(n))
+    store = index.store
     if store.lookup([chunk.ids[-1]])[0] < 0:
         return False
     iids = np.asarray(store.lookup(chunk.ids), dtype=np.int64)
     if (iids < 0).any():
         return False
-    blobs = store.fetch(iids, "vector")
-    if any(b is None for b in blobs) or not _equal_rows(index, blobs, chunk.X):
+    rec = store.read(iids, ["vector", "meta"])
+    if any(b is None for b in rec["vector"]) or not _equal_rows(index, rec["vector"], chunk.X):
         return False
-    return _equal_meta(store.fetch(iids, "meta"), chunk.metadata)
-
-
-def _equal_rows_slow(index, chunk: Chunk, i: int) -> bool:
-    sv = index.get(chunk.ids[i])
-    want = _stored_as(index, chunk.X[i:i + 1])
-    if sv.indices is None:
-        return np.array_equal(sv.values, np.asarray(want)[0])
-    return np.array_equal(sv.indices, want.indices) and np.array_equal(sv.values, want.data)
+    return _equal_meta(rec["meta"], chunk.metadata)
 
 
 # --- signals ------------------------------------------------------------------------
@@ -409,6 +388,9 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                     summary.interrupted = True
                     break
                 chunk = following if following is not None else next(chunks, None)
+        if not summary.interrupted:
+            bar.set_postfix_str("building search lists and tuning the search", refresh=True)
+            summary.upkeep = index.maintain()
     finally:
         stop.set()
         hasher.shutdown(wait=True, cancel_futures=True)
