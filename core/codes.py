@@ -138,13 +138,13 @@ def _planes(codes, b, words):
     n, k = codes.shape
     out = np.zeros((n, b * words), dtype=np.uint64)
     for v in range(n):
-        for j in range(k):
-            c = np.uint64(codes[v, j])
-            w = j >> 6
-            bit = np.uint64(1) << np.uint64(j & 63)
+        for w in range(words):
+            hi = min(k, (w + 1) * WORD)
             for p in range(b):
-                if (c >> np.uint64(p)) & np.uint64(1):
-                    out[v, p * words + w] |= bit
+                acc = np.uint64(0)  # one plane word built in a register
+                for j in range(w * WORD, hi):
+                    acc |= ((np.uint64(codes[v, j]) >> np.uint64(p)) & np.uint64(1)) << np.uint64(j - w * WORD)
+                out[v, p * words + w] = acc
     return out
 
 

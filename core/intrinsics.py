@@ -26,6 +26,32 @@ def popcount(typingctx, x):
     return sig, codegen
 
 
+def _prefetch_call(builder, ptr):
+    i8p = ir.IntType(8).as_pointer()
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+    # read, high temporal locality, data cache
+    builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+
+
+@intrinsic
+def prefetch_flat(typingctx, arr, i):
+    """Ask the cache to load ``arr[i]`` (1-D array) soon, for reading; never faults."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1):
+        return None
+    sig = types.void(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        _prefetch_call(builder, ptr)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @intrinsic
 def prefetch(typingctx, arr, row, col):
     """Ask the cache to load ``arr[row, col]`` (2-D array) soon, for reading; never faults.
@@ -42,12 +68,7 @@ def prefetch(typingctx, arr, row, col):
         aryty = signature.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]], wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        # read, high temporal locality, data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        _prefetch_call(builder, ptr)
         return context.get_dummy_value()
 
     return sig, codegen

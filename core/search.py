@@ -25,14 +25,15 @@ from __future__ import annotations
 import numpy as np
 from gmmlsh.core.codes import WORD, agreement
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
-from gmmlsh.core.intrinsics import CACHE_LINE, prefetch
+from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement
 from gmmlsh.core.parallel import twin_kernels
 from numba import njit, prange
 
 #: Rows the rank pass prefetches ahead (its rows are random: each would be a full memory latency).
-_AHEAD = 4
-_LINE_WORDS = CACHE_LINE // 8
+_AHEAD = 8
+_LINE_WORDS = CACHE_LINE // 8  # uint64 words per cache line
+_LINE_VALUES = CACHE_LINE // 4  # float32 values per cache line
 #: Highest first-stage score (samples in a first-stage row).
 _FIRST_TOP = FIRST_WORDS // 2 * WORD
 
@@ -139,6 +140,10 @@ def search(qp, qf, words, qbuf, qn, exclude, centroids, starts, lrows, lfirst, f
     best = select(short, ranked, short.shape[0], rerank, words * WORD)
     n = 0
     for t in range(best.shape[0]):
+        if t + _AHEAD < best.shape[0]:  # the next rows' vectors, while this one is scored
+            ahead = best[t + _AHEAD]
+            for w in range(voff[ahead], voff[ahead + 1], _LINE_VALUES):
+                prefetch_flat(vf, w)
         r = best[t]
         if alive[r] and r != exclude:
             out_rows[n] = r

@@ -21,12 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
-from gmmlsh.core.validate import VectorError, check_dense, check_sparse
+from gmmlsh.core.validate import VectorError
 from gmmlsh.index import generation, tuner
 from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, IndexConfig, SearchParams
 from gmmlsh.index.mirror import Mirror, View
-from gmmlsh.index.records import StoredVector, as_given, as_stored, check_id, prepare
+from gmmlsh.index.records import StoredVector, as_given, as_stored, check_id, prepare, query_rows
 from gmmlsh.index.search import MODES, QueryResult, answer, prepare_row, prepare_vectors, run_exact, run_lsh, run_nrff
 from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
 
@@ -165,7 +164,8 @@ class Index:
 
     def params(self, view: View, **given) -> SearchParams:
         """The search parameters of a query: tuned, then the operator's, then the query's."""
-        return view.search.with_overrides(**self.overrides).with_overrides(**given)
+        params = view.search.with_overrides(**self.overrides) if self.overrides else view.search
+        return params.with_overrides(**given) if any(v is not None for v in given.values()) else params
 
     # --- queries -------------------------------------------------------------------------------
     def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "lsh",
@@ -176,9 +176,12 @@ class Index:
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
+        X32 = query_rows(vector, self.config.dim) if vector is not None else None
         if id is not None:
             check_id(id)
-            view = self.view()
+        view = self.view()
+        params, mode = self._plan(view, mode, candidates, probes)
+        if id is not None:
             row = view.row_of(int(self.store.lookup([id])[0]))
             if row < 0:
                 view = self.mirror.sync(self.store)  # written after the token was read
@@ -187,22 +190,28 @@ class Index:
                     raise UnknownIdError(id)
             q = prepare_row(view, row, self.config)
         else:
-            X = _as_batch(vector, self.config.dim)
-            q = prepare_vectors(as_stored(X, self.config.dim, "vector"), self.config)[0]
-            view = self.view()
-        return self._answer(view, [q], k, mode, min_similarity, candidates, probes)[0]
+            q = prepare_vectors(X32, self.config, sketch=mode == "lsh")[0]
+        return self._answer(view, [q], k, mode, min_similarity, params)[0]
 
     def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
                     candidates: int | None = None, probes: int | None = None) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
-        qs = prepare_vectors(as_stored(X, self.config.dim, "vectors"), self.config)
-        return self._answer(self.view(), qs, k, mode, min_similarity, candidates, probes) if qs else []
+        X32 = as_stored(X, self.config.dim, "vectors")
+        view = self.view()
+        params, mode = self._plan(view, mode, candidates, probes)
+        qs = prepare_vectors(X32, self.config, sketch=mode == "lsh")
+        return self._answer(view, qs, k, mode, min_similarity, params) if qs else []
 
-    def _answer(self, view, qs, k, mode, min_similarity, candidates, probes) -> list[QueryResult]:
+    def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
+        """The search parameters and the mode that answers: the tuner may have found brute
+        force cheaper than any sketch search for this index (unless the query set knobs)."""
         params = self.params(view, candidates=candidates, probes=probes)
         if mode == "lsh" and params.exact and candidates is None and probes is None:
-            mode = "exact"  # the tuner found brute force cheaper for this index
+            mode = "exact"
+        return params, mode
+
+    def _answer(self, view, qs, k, mode, min_similarity, params) -> list[QueryResult]:
         if mode == "lsh":
             found = run_lsh(view, qs, params, self.config)
             return [answer(view, mode, k, rows, sims, len(rows), min_similarity) for rows, sims, _ in found]
@@ -294,18 +303,6 @@ class Index:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _as_batch(vector, dim: int):
-    """One query vector (dense, ``(indices, values)`` or a 1-row CSR) as a 1-row batch."""
-    if isinstance(vector, tuple) and len(vector) == 2:
-        idx, val = check_sparse(vector[0], vector[1], dim, field="vector")
-        return sp.csr_matrix((val, idx, [0, idx.size]), shape=(1, dim))
-    if sp.issparse(vector):
-        if vector.shape[0] != 1:
-            raise VectorError("vector", f"expected one row, got {vector.shape[0]}")
-        return vector
-    return check_dense(vector, dim, field="vector")[None, :]
 
 
 def _check_options(k, mode, min_similarity, candidates, probes) -> tuple[int, str, float]:

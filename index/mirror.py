@@ -78,13 +78,16 @@ class View:
         return r if r < self.rows else -1
 
     def name(self, row: int) -> str:
-        offs, data = self.names
-        return data[offs[row]:offs[row + 1]].tobytes().decode("utf-8")
+        return self.names_of([row])[0]
 
     def metadata(self, row: int) -> bytes | None:
-        offs, data = self.meta
-        raw = data[offs[row]:offs[row + 1]].tobytes()
-        return raw or None
+        return self.metadata_of([row])[0]
+
+    def names_of(self, rows: list[int]) -> list[str]:
+        return [b.decode("utf-8") for b in _slices(*self.names, rows)]
+
+    def metadata_of(self, rows: list[int]) -> list[bytes | None]:
+        return [b or None for b in _slices(*self.meta, rows)]
 
     @property
     def tail_start(self) -> int:
@@ -306,6 +309,12 @@ class Mirror:
     def disk_bytes(self) -> int:
         """Bytes of disk the mirror takes."""
         return sum(p.stat().st_blocks * 512 for p in self.dir.rglob("*") if p.is_file())
+
+
+def _slices(offs: np.ndarray, data: np.ndarray, rows: list[int]) -> list[bytes]:
+    """The variable-length rows ``rows`` of an offsets/data column pair, as bytes."""
+    idx = np.asarray(rows, dtype=np.int64)
+    return [data[a:b].tobytes() for a, b in zip(offs[idx].tolist(), offs[idx + 1].tolist(), strict=True)]
 
 
 def _behind(now: tuple, mirrored: list) -> bool:

@@ -24,7 +24,15 @@ from gmmlsh.core import gcws
 from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gmm import l1_norms
 from gmmlsh.core.nrff import features
-from gmmlsh.core.validate import NonFiniteError, VectorError, ZeroVectorError, check_batch
+from gmmlsh.core.validate import (
+    NonFiniteError,
+    VectorError,
+    ZeroVectorError,
+    check_batch,
+    check_dense,
+    check_sparse,
+    dense_float32_or_none,
+)
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.store.base import MAX_ID_BYTES, RecordBatch
 
@@ -82,6 +90,24 @@ def as_stored(X, dim: int, field: str = "vectors"):
     if sp.issparse(X32):
         X32.eliminate_zeros()
     return X32
+
+
+def query_rows(vector, dim: int):
+    """One query vector — dense, ``(indices, values)`` or a 1-row CSR — validated and at stored
+    precision, as a 1-row batch. A clean 1-D float array takes one compiled pass."""
+    fast = dense_float32_or_none(vector, dim)
+    if fast is not None:
+        return fast[None, :]
+    if isinstance(vector, tuple) and len(vector) == 2:
+        idx, val = check_sparse(vector[0], vector[1], dim, field="vector")
+        X = sp.csr_matrix((val, idx, [0, idx.size]), shape=(1, dim))
+    elif sp.issparse(vector):
+        if vector.shape[0] != 1:
+            raise VectorError("vector", f"expected one row, got {vector.shape[0]}")
+        X = vector
+    else:
+        X = check_dense(vector, dim, field="vector")[None, :]
+    return as_stored(X, dim, "vector")
 
 
 def as_hashed(X32, config: IndexConfig):

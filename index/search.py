@@ -60,22 +60,26 @@ class QueryResult:
 class Prepared:
     """A query as the kernels take it."""
 
-    planes: np.ndarray  # (bits · words,) uint64
-    first: np.ndarray  # (FIRST_WORDS,) uint64
+    planes: np.ndarray | None  # (bits · words,) uint64; None when the answer needs no sketch
+    first: np.ndarray | None  # (FIRST_WORDS,) uint64
     dense: np.ndarray  # (dim,) float64: the vector GMM sees (centred), zero where it is zero
     norm: float  # its L1 norm
     exclude: int = -1  # mirror row left out of the answer (a query by id), or −1
 
 
-def prepare_vectors(X32, config: IndexConfig) -> list[Prepared]:
-    """Validated rows at stored precision (dense 2-D or CSR) → prepared queries."""
+def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepared]:
+    """Validated rows at stored precision (dense 2-D or CSR) → prepared queries; hashed only
+    if ``sketch`` (brute force needs no sketch, and hashing a sparse query costs ~1 ms)."""
     Xh = as_hashed(X32, config)
-    planes = bit_planes(codes_of(Xh, config), config.bits)
-    first = first_rows(planes, planes.shape[1] // config.bits, config.bits)
+    planes = first = None
+    if sketch:
+        planes = bit_planes(codes_of(Xh, config), config.bits)
+        first = first_rows(planes, planes.shape[1] // config.bits, config.bits)
     dense = Xh.toarray() if sp.issparse(Xh) else np.asarray(Xh)
     dense = dense.astype(np.float64)
     norms = np.abs(dense).sum(axis=1)
-    return [Prepared(planes[i], first[i], dense[i], float(norms[i])) for i in range(dense.shape[0])]
+    return [Prepared(planes[i] if sketch else None, first[i] if sketch else None, dense[i], float(norms[i]))
+            for i in range(dense.shape[0])]
 
 
 def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:
@@ -163,19 +167,21 @@ def run_nrff(view: View, q: Prepared, config: IndexConfig, budget: int) -> tuple
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
     """Positions of the ``k`` largest scores, best first (ties by position)."""
-    part = np.argpartition(-scores, k - 1)[:k] if scores.shape[0] > k else np.arange(scores.shape[0])
+    if scores.shape[0] <= 4 * k + 256:
+        return np.argsort(-scores, kind="stable")[:k]
+    part = np.argpartition(-scores, k - 1)[:k]
     return part[np.lexsort((part, -scores[part]))]
 
 
 def answer(view: View, mode: str, k: int, rows: np.ndarray, sims: np.ndarray, scored: int,
            min_similarity: float) -> QueryResult:
     """The best ``k`` of the scored rows at or above ``min_similarity``, named from the mirror."""
-    keep = sims >= min_similarity
-    rows, sims = rows[keep], sims[keep]
+    if min_similarity > 0:
+        keep = sims >= min_similarity
+        rows, sims = rows[keep], sims[keep]
     best = _top(sims, min(k, sims.shape[0])) if sims.shape[0] else np.zeros(0, np.int64)
-    out = []
-    for p in best.tolist():
-        r = int(rows[p])
-        meta = view.metadata(r)
-        out.append(Neighbor(view.name(r), float(sims[p]), orjson.loads(meta) if meta else None))
+    chosen = rows[best].tolist()
+    metas = view.metadata_of(chosen)
+    out = [Neighbor(name, s, orjson.loads(m) if m else None)
+           for name, s, m in zip(view.names_of(chosen), sims[best].tolist(), metas, strict=True)]
     return QueryResult(mode=mode, k=k, candidates=scored, neighbors=out)

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
-
 from gmmlsh.index.store.base import (
     FIELDS,
     IID_LIMIT,
