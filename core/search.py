@@ -23,12 +23,13 @@ sparse stored row costs one gather per nonzero.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
+
 from gmmlsh.core.codes import WORD, agreement
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement
 from gmmlsh.core.parallel import twin_kernels
-from numba import njit, prange
 
 #: Rows the rank pass prefetches ahead (its rows are random: each would be a full memory latency).
 _AHEAD = 8
@@ -198,3 +199,61 @@ def row_cosine(qbuf, q_l2, voff, vi, vf, r):
             dot += qbuf[idx[p]] * x
             sq += x * x
     return dot / (q_l2 * np.sqrt(sq))
+
+
+@njit(nogil=True, cache=True)
+def sparse_rows_csr(voff, vi, vf, rows):
+    """The sparse mirror rows ``rows`` (kind ≠ 0) as CSR arrays (indptr, indices, values)."""
+    indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+    for t in range(rows.shape[0]):
+        indptr[t + 1] = indptr[t] + vi[voff[rows[t]]]
+    indices = np.empty(indptr[-1], dtype=np.int32)
+    values = np.empty(indptr[-1], dtype=np.float32)
+    for t in range(rows.shape[0]):
+        off = voff[rows[t]]
+        c = vi[off]
+        indices[indptr[t]:indptr[t + 1]] = vi[off + 2:off + 2 + c]
+        values[indptr[t]:indptr[t + 1]] = vf[off + 2 + c:off + 2 + 2 * c]
+    return indptr, indices, values
+
+
+@njit(nogil=True, cache=True)
+def exact_postings(qbuf, qidx, qn, exclude, alive, norms, post_starts, post_rows, post_vals, acc, seen, out_rows,
+                   out_sims):
+    """Exact GMM of the query against every sparse row sharing a nonzero coordinate with it,
+    from postings (coordinate → rows and values): work in proportion to the postings of the
+    query's coordinates, not to the index. Returns how many rows were written to the
+    outputs; ``acc``/``seen`` (one slot per row, zero on entry) are zero again on exit."""
+    m = 0
+    for t in qidx:
+        qv = qbuf[t]
+        for p in range(post_starts[t], post_starts[t + 1]):
+            r = post_rows[p]
+            if not seen[r]:
+                seen[r] = 1
+                out_rows[m] = r
+                m += 1
+            acc[r] += _same_sign_min(qv, np.float64(post_vals[p]))
+    n = 0
+    for i in range(m):
+        r = out_rows[i]
+        s = acc[r]
+        acc[r] = 0.0
+        seen[r] = 0
+        if alive[r] and r != exclude:
+            out_rows[n] = r
+            out_sims[n] = _ratio(s, qn, norms[r])
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def exact_rows(qbuf, qn, exclude, alive, voff, vi, vf, norms, rows, out_rows, out_sims):
+    """Exact GMM of the query against the given rows (live ones, ``exclude`` left out)."""
+    n = 0
+    for r in rows:
+        if alive[r] and r != exclude:
+            out_rows[n] = r
+            out_sims[n] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
+            n += 1
+    return n

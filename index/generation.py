@@ -7,8 +7,11 @@ Rows added after it form the mirror's tail. When the tail grows past
 :func:`tail_limit`, a new generation is built in the background: the tail's rows
 are assigned to the existing centroids and merged into the lists (retired rows
 dropped); when the index has doubled since the centroids were fit, they are fit
-again on a sample (~``LIST_ROWS`` rows a list). A generation's files never change;
-a new one is written to its own directory and then named in the mirror's state.
+again on a sample (~``LIST_ROWS`` rows a list). A generation also carries the
+*postings* of its sparse rows (coordinate → rows and values, for exact search in
+proportion to the postings a query touches) and the list of its dense rows (which exact
+search scans). A generation's files never change; a new one is written to its own
+directory and then named in the mirror's state.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
+
 from gmmlsh.core.ivf import assign, kmodes
+from gmmlsh.core.search import sparse_rows_csr
 
 #: Rows per inverted list the centroids aim for.
 LIST_ROWS = 512
@@ -28,6 +34,7 @@ LIST_ROWS = 512
 MIN_ROWS = 2048
 #: Most rows the tail grows to before a new generation is built.
 TAIL_MAX = 16384
+_ARRAYS = ("centroids", "starts", "lrows", "lfirst", "post_starts", "post_rows", "post_vals", "dense_rows")
 #: Rows of the k-modes sample per list (capped by :data:`SAMPLE_MAX`).
 SAMPLE_PER_LIST = 64
 SAMPLE_MAX = 1 << 18
@@ -44,6 +51,10 @@ class Generation:
     starts: np.ndarray  # (lists + 1,) int64
     lrows: np.ndarray  # (entries,) uint32: mirror rows, list by list
     lfirst: np.ndarray  # (entries, first-stage words) uint64
+    post_starts: np.ndarray  # (dim + 1,) int64: coordinate c's postings are [post_starts[c], post_starts[c+1])
+    post_rows: np.ndarray  # (postings,) uint32: the sparse rows holding each coordinate
+    post_vals: np.ndarray  # (postings,) float32: their values there
+    dense_rows: np.ndarray  # (dense rows,) uint32: the live dense rows
 
     @property
     def lists(self) -> int:
@@ -53,7 +64,7 @@ class Generation:
     def load(cls, directory: Path) -> Generation:
         meta = json.loads((directory / "meta.json").read_text())
         arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray)
-                  for name in ("centroids", "starts", "lrows", "lfirst")}
+                  for name in _ARRAYS}
         return cls(number=meta["number"], rows=meta["rows"], clustered_rows=meta["clustered_rows"], **arrays)
 
 
@@ -67,10 +78,10 @@ def due(rows: int, tail: int) -> bool:
     return rows >= MIN_ROWS and tail >= tail_limit(rows)
 
 
-def build(directory: Path, first: np.ndarray, alive: np.ndarray, rows: int, previous: Generation | None,
-          seed: int = 0) -> str:
-    """Write the generation after ``previous`` for rows ``< rows`` (first-stage rows ``first``)
-    into a new subdirectory of ``directory``; returns its name (to publish in the mirror's state)."""
+def build(directory: Path, view, previous: Generation | None, dim: int, seed: int = 0) -> str:
+    """Write the generation after ``previous`` for the rows of the mirror ``view`` into a new
+    subdirectory of ``directory``; returns its name (to publish in the mirror's state)."""
+    first, alive, rows = view.first, view.alive, view.rows
     refit = previous is None or rows >= 2 * previous.clustered_rows
     if refit:
         members = np.flatnonzero(alive[:rows])
@@ -94,13 +105,20 @@ def build(directory: Path, first: np.ndarray, alive: np.ndarray, rows: int, prev
     order = np.argsort(labels, kind="stable")
     starts = np.zeros(centroids.shape[0] + 1, dtype=np.int64)
     starts[1:] = np.cumsum(np.bincount(labels, minlength=centroids.shape[0]))
+    live = np.flatnonzero(alive[:rows])
+    dense = view.vi[view.voff[live] + 1] == 0
+    sparse_rows = live[~dense]
+    indptr, indices, values = sparse_rows_csr(view.voff, view.vi, view.vf, sparse_rows)
+    csc = sp.csr_matrix((values, indices, indptr), shape=(sparse_rows.shape[0], dim)).tocsc()
+    postings = {"post_starts": csc.indptr.astype(np.int64), "post_rows": sparse_rows[csc.indices].astype(np.uint32),
+                "post_vals": csc.data.astype(np.float32), "dense_rows": live[dense].astype(np.uint32)}
     number = 1 if previous is None else previous.number + 1
     name = f"gen-{number:06d}"
     tmp = directory / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for key, value in (("centroids", centroids), ("starts", starts), ("lrows", members[order].astype(np.uint32)),
-                       ("lfirst", np.ascontiguousarray(F[order]))):
+                       ("lfirst", np.ascontiguousarray(F[order])), *postings.items()):
         np.save(tmp / f"{key}.npy", value)
     (tmp / "meta.json").write_text(json.dumps({"number": number, "rows": rows, "clustered_rows": clustered}))
     for f in tmp.iterdir():

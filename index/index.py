@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import generation, tuner
 from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, IndexConfig, SearchParams
@@ -75,6 +76,8 @@ class Index:
         self._auto = maintain
         self._maintaining = threading.Lock()
         self.last_tuning: dict | None = None
+        #: The queries this index served, sampled: the tuner re-tunes on them (index/tuner.py).
+        self.served = tuner.QuerySample()
 
     @classmethod
     def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh", create: bool = True,
@@ -177,6 +180,8 @@ class Index:
             raise VectorError("vector", "give exactly one of a vector or an id")
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
         X32 = query_rows(vector, self.config.dim) if vector is not None else None
+        if X32 is not None:
+            self.served.add(X32)
         if id is not None:
             check_id(id)
         view = self.view()
@@ -198,6 +203,7 @@ class Index:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
         X32 = as_stored(X, self.config.dim, "vectors")
+        self.served.add(X32)
         view = self.view()
         params, mode = self._plan(view, mode, candidates, probes)
         qs = prepare_vectors(X32, self.config, sketch=mode == "lsh")
@@ -216,20 +222,23 @@ class Index:
             found = run_lsh(view, qs, params, self.config)
             return [answer(view, mode, k, rows, sims, len(rows), min_similarity) for rows, sims, _ in found]
         if mode == "exact":
-            return [answer(view, mode, k, *run_exact(view, q), min_similarity) for q in qs]
+            return [answer(view, mode, k, *run_exact(view, q, k), min_similarity) for q in qs]
         return [answer(view, mode, k, *run_nrff(view, q, self.config, params.candidates), min_similarity)
                 for q in qs]
 
     # --- upkeep --------------------------------------------------------------------------------------
     def _maybe_maintain(self, view: View) -> None:
-        if self._maintenance_due(view) and not self._maintaining.locked():
+        if (generation.due(view.rows, view.rows - view.tail_start) or self._tuning_due(view)) \
+                and not self._maintaining.locked():
             threading.Thread(target=self.maintain, name="gmmlsh-maintain", daemon=True).start()
 
-    @staticmethod
-    def _maintenance_due(view: View) -> bool:
-        tail = view.rows - view.tail_start
-        return generation.due(view.rows, tail) or (view.rows >= tuner.MIN_ROWS
-                                                   and view.rows >= 2 * max(view.tuned_rows, 1))
+    def _tuning_due(self, view: View) -> bool:
+        """Tune when the index has doubled since it was last tuned, or when it was tuned on
+        stored vectors and enough served queries have come in since to tune on them instead."""
+        if view.rows < tuner.MIN_ROWS:
+            return False
+        return view.rows >= 2 * max(view.tuned_rows, 1) or (
+            not view.tuned_on_queries and len(self.served.rows) >= tuner.MIN_QUERIES)
 
     def maintain(self) -> dict:
         """Build a new generation of inverted lists and re-tune the search, where due.
@@ -247,13 +256,14 @@ class Index:
                     return done
                 view = self.mirror.sync(self.store)
                 if generation.due(view.rows, view.rows - view.tail_start):
-                    name = generation.build(self.mirror.dir, view.first, view.alive, view.rows, view.generation,
+                    name = generation.build(self.mirror.dir, view, view.generation, self.config.dim,
                                             seed=self.config.seed)
                     view = self.mirror.publish(generation=name)
                     done["generation"] = view.generation.number
-                if view.rows >= tuner.MIN_ROWS and view.rows >= 2 * max(view.tuned_rows, 1):
-                    params, report = tuner.tune(view, self.config, seed=self.config.seed)
-                    self.mirror.publish(search=params, tuned_rows=view.rows)
+                if self._tuning_due(view):
+                    served = self.served.take(tuner.QUERIES) if len(self.served.rows) >= tuner.MIN_QUERIES else None
+                    params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
+                    self.mirror.publish(search=params, tuned_rows=view.rows, tuned_on_queries=served is not None)
                     self.last_tuning = report
                     done["tuned"] = report
                     log.info("search tuned at %d vectors: %s %s", view.rows, params, report)
@@ -271,6 +281,7 @@ class Index:
             "count": self.count(),
             "config": self.config.to_dict(),
             "search": {**self.params(view).to_dict(), "tuned_at_rows": view.tuned_rows,
+                       "tuned_on": "served queries" if view.tuned_on_queries else "stored vectors",
                        "overrides": self.overrides},
             "mirror": {"rows": view.rows, "lists": gen.lists if gen else 0, "listed_rows": view.tail_start,
                        "tail_rows": view.rows - view.tail_start, "disk_bytes": self.mirror.disk_bytes()},

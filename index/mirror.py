@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index.columns import Blobs, Column
@@ -71,6 +72,7 @@ class View:
     generation: Generation | None
     search: SearchParams
     tuned_rows: int
+    tuned_on_queries: bool
 
     def row_of(self, iid: int) -> int:
         """Mirror row of an iid, or −1."""
@@ -192,6 +194,7 @@ class Mirror:
             search=SearchParams.from_dict(state["search"]) if state.get("search") else
             SearchParams(rank_bits=self.config.bits),
             tuned_rows=state.get("tuned_rows", 0),
+            tuned_on_queries=state.get("tuned_on_queries", False),
         )
 
     # --- following the store ------------------------------------------------------------
@@ -289,7 +292,7 @@ class Mirror:
 
     # --- derived structures -----------------------------------------------------------------
     def publish(self, *, generation: str | None = None, search: SearchParams | None = None,
-                tuned_rows: int | None = None) -> View:
+                tuned_rows: int | None = None, tuned_on_queries: bool | None = None) -> View:
         """Record a new generation directory and/or tuned search parameters in the state."""
         with self.locked():
             state = self._read_state()
@@ -300,6 +303,8 @@ class Mirror:
                 state["search"] = search.to_dict()
             if tuned_rows is not None:
                 state["tuned_rows"] = tuned_rows
+            if tuned_on_queries is not None:
+                state["tuned_on_queries"] = tuned_on_queries
             self._write_state(state)
             self.view = self._load()
         if generation is not None and old and old != generation:

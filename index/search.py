@@ -10,18 +10,23 @@ store. The kernels are :mod:`gmmlsh.core.search`'s.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numba
 import numpy as np
 import orjson
 import scipy.sparse as sp
+
 from gmmlsh.core import nrff
 from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
 from gmmlsh.core.search import (
     exact_parallel,
+    exact_postings,
+    exact_rows,
     exact_serial,
     row_cosine,
     search,
@@ -133,8 +138,34 @@ def run_lsh(view: View, queries: list[Prepared], params: SearchParams, config: I
     return [(rows[i, :counts[i]], sims[i, :counts[i]], int(scanned[i])) for i in range(m)]
 
 
-def run_exact(view: View, q: Prepared) -> tuple[np.ndarray, np.ndarray, int]:
-    """(rows, exact similarities, rows scored) of every live row: brute force, the ground truth."""
+def run_exact(view: View, q: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows, exact similarities, rows scored) by brute force, the ground truth.
+
+    Sparse rows of the generation are scored through its postings (rows sharing no
+    coordinate with the query score 0 and are left out, unless fewer than ``k`` others
+    remain); dense rows and the tail, row by row.
+    """
+    g = view.generation
+    if g is None or g.post_rows.shape[0] == 0:
+        return _exact_scan(view, q)
+    n = view.rows
+    scratch = _scratch(n)
+    rows, sims = np.empty(n, np.int64), np.empty(n)
+    qidx = np.flatnonzero(q.dense)
+    m = exact_postings(q.dense, qidx, q.norm, q.exclude, view.alive, view.norms, g.post_starts, g.post_rows,
+                       g.post_vals, scratch.acc, scratch.seen, rows, sims)
+    rest = np.concatenate([g.dense_rows.astype(np.int64), np.arange(g.rows, n)])
+    m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
+                    rows[m:], sims[m:])
+    rows, sims = rows[:m], sims[:m]
+    live = int(view.alive[:n].sum()) - (0 <= q.exclude < n and bool(view.alive[q.exclude]))
+    if m < min(k, live):  # rows sharing nothing with the query (similarity 0) fill the answer
+        zero = np.setdiff1d(np.flatnonzero(view.alive[:n]), np.append(rows, q.exclude))[:k - m]
+        rows, sims = np.concatenate([rows, zero]), np.concatenate([sims, np.zeros(zero.shape[0])])
+    return rows, sims, live
+
+
+def _exact_scan(view: View, q: Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     n = view.rows
     sims = np.empty(n)
     args = (q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, n, sims)
@@ -145,6 +176,18 @@ def run_exact(view: View, q: Prepared) -> tuple[np.ndarray, np.ndarray, int]:
         exact_serial(*args)
     rows = np.flatnonzero(sims >= 0)
     return rows, sims[rows], int(rows.shape[0])
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(rows: int):
+    """Per-thread zeroed accumulators of one slot per row (kept zero by the kernel)."""
+    s = getattr(_SCRATCH, "s", None)
+    if s is None or s.acc.shape[0] < rows:
+        s = SimpleNamespace(acc=np.zeros(max(rows, 1024) * 2), seen=np.zeros(max(rows, 1024) * 2, np.uint8))
+        _SCRATCH.s = s
+    return s
 
 
 def run_nrff(view: View, q: Prepared, config: IndexConfig, budget: int) -> tuple[np.ndarray, np.ndarray, int]:
