@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
+
 from gmmlsh.core.codes import bit_planes, pack_codes, unpack_codes
 from gmmlsh.core.ivf import first_rows
 from gmmlsh.index.records import as_hashed, codes_of, decode_rows, decode_vector

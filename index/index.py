@@ -32,6 +32,8 @@ from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
 
 log = logging.getLogger("gmmlsh.index")
 
+#: Queries of a batch prepared at once (each holds a float64 buffer of the full dimension).
+_BATCH_CHUNK = 256
 #: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gmmlsh"
 
@@ -206,8 +208,11 @@ class Index:
         self.served.add(X32)
         view = self.view()
         params, mode = self._plan(view, mode, candidates, probes)
-        qs = prepare_vectors(X32, self.config, sketch=mode == "lsh")
-        return self._answer(view, qs, k, mode, min_similarity, params) if qs else []
+        out: list[QueryResult] = []
+        for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
+            qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=mode == "lsh")
+            out += self._answer(view, qs, k, mode, min_similarity, params)
+        return out
 
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
         """The search parameters and the mode that answers: the tuner may have found brute

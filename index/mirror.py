@@ -56,6 +56,7 @@ class View:
     """An immutable snapshot of the mirror for one query: rows ``< rows`` of every column."""
 
     rows: int
+    live: int  # rows that are live
     token: tuple | None
     iid: np.ndarray
     alive: np.ndarray
@@ -133,8 +134,8 @@ class Mirror:
         except (OSError, ValueError):
             state = None
         if not state or state.get("format") != MIRROR_FORMAT or state.get("uid") != self.config.uid:
-            return {"format": MIRROR_FORMAT, "uid": self.config.uid, "token": None, "rows": 0, "generation": None,
-                    "search": None, "tuned_rows": 0}
+            return {"format": MIRROR_FORMAT, "uid": self.config.uid, "token": None, "rows": 0, "live": 0,
+                    "generation": None, "search": None, "tuned_rows": 0}
         return state
 
     def _write_state(self, state: dict) -> None:
@@ -183,7 +184,7 @@ class Mirror:
         voff, vdata = self._vectors.views(n)
         self._state_stamp = stamp
         return View(
-            rows=n, token=tuple(state["token"]) if state["token"] is not None else None,
+            rows=n, live=state["live"], token=tuple(state["token"]) if state["token"] is not None else None,
             iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
             planes=self._planes.rows(n), first=self._first.rows(n), voff=voff,
             vi=vdata.view(np.int32), vf=vdata.view(np.float32),
@@ -208,11 +209,12 @@ class Mirror:
             if state["token"] is None or tuple(state["token"]) != now:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
                 rows = self._append(store, changes.added, state["rows"])
-                self._retire(changes.retired, rows)
+                retired = self._retire(changes.retired, rows)
                 for col in (self._iid, self._alive, self._norms, self._planes, self._first, self._rowof, self._vectors,
                             self._names, self._meta, *((self._nrff,) if self._nrff else ())):
                     col.fsync()
-                state.update(rows=rows, token=list(changes.token))
+                state.update(rows=rows, token=list(changes.token),
+                             live=state["live"] + rows - state["rows"] - retired)
                 self._write_state(state)
             self.view = self._load()
         return self.view
@@ -281,14 +283,18 @@ class Mirror:
         out[2:].view(np.float32)[:] = dense - np.asarray(center)
         return norm, out
 
-    def _retire(self, iids: np.ndarray, rows: int) -> None:
+    def _retire(self, iids: np.ndarray, rows: int) -> int:
+        """Clear the live flag of these iids' rows; returns how many were live."""
         if not iids.shape[0]:
-            return
+            return 0
         rowof = self._rowof.whole()
         known = iids[iids < rowof.shape[0]]
         r = rowof[known].astype(np.int64) - 1
-        r = r[(r >= 0) & (r < rows)]
-        self._alive.reserve(rows)[r] = 0
+        r = np.unique(r[(r >= 0) & (r < rows)])
+        alive = self._alive.reserve(rows)
+        was = int(alive[r].sum())
+        alive[r] = 0
+        return was
 
     # --- derived structures -----------------------------------------------------------------
     def publish(self, *, generation: str | None = None, search: SearchParams | None = None,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 import scipy.sparse as sp
+
 from gmmlsh.core import gcws
 from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gmm import l1_norms

@@ -70,6 +70,11 @@ class Prepared:
     dense: np.ndarray  # (dim,) float64: the vector GMM sees (centred), zero where it is zero
     norm: float  # its L1 norm
     exclude: int = -1  # mirror row left out of the answer (a query by id), or −1
+    nonzero: np.ndarray | None = None  # its nonzero coordinates, when known (sparse input)
+
+    def coordinates(self) -> np.ndarray:
+        """The query's nonzero coordinates."""
+        return self.nonzero if self.nonzero is not None else np.flatnonzero(self.dense)
 
 
 def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepared]:
@@ -80,11 +85,17 @@ def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepa
     if sketch:
         planes = bit_planes(codes_of(Xh, config), config.bits)
         first = first_rows(planes, planes.shape[1] // config.bits, config.bits)
-    dense = Xh.toarray() if sp.issparse(Xh) else np.asarray(Xh)
-    dense = dense.astype(np.float64)
+    n = Xh.shape[0]
+    if sp.issparse(Xh):  # scattered into zeros: scipy's toarray costs more than the query's nonzeros
+        dense = np.zeros(Xh.shape)
+        nonzero = [Xh.indices[Xh.indptr[i]:Xh.indptr[i + 1]] for i in range(n)]
+        for i in range(n):
+            dense[i, nonzero[i]] = Xh.data[Xh.indptr[i]:Xh.indptr[i + 1]]
+    else:
+        dense, nonzero = np.asarray(Xh, dtype=np.float64), [None] * n
     norms = np.abs(dense).sum(axis=1)
-    return [Prepared(planes[i] if sketch else None, first[i] if sketch else None, dense[i], float(norms[i]))
-            for i in range(dense.shape[0])]
+    return [Prepared(planes[i] if sketch else None, first[i] if sketch else None, dense[i], float(norms[i]),
+                     nonzero=nonzero[i]) for i in range(n)]
 
 
 def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:
@@ -151,14 +162,13 @@ def run_exact(view: View, q: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
     n = view.rows
     scratch = _scratch(n)
     rows, sims = np.empty(n, np.int64), np.empty(n)
-    qidx = np.flatnonzero(q.dense)
-    m = exact_postings(q.dense, qidx, q.norm, q.exclude, view.alive, view.norms, g.post_starts, g.post_rows,
+    m = exact_postings(q.dense, q.coordinates(), q.norm, q.exclude, view.alive, view.norms, g.post_starts, g.post_rows,
                        g.post_vals, scratch.acc, scratch.seen, rows, sims)
     rest = np.concatenate([g.dense_rows.astype(np.int64), np.arange(g.rows, n)])
     m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
                     rows[m:], sims[m:])
     rows, sims = rows[:m], sims[:m]
-    live = int(view.alive[:n].sum()) - (0 <= q.exclude < n and bool(view.alive[q.exclude]))
+    live = view.live - (0 <= q.exclude < n and bool(view.alive[q.exclude]))
     if m < min(k, live):  # rows sharing nothing with the query (similarity 0) fill the answer
         zero = np.setdiff1d(np.flatnonzero(view.alive[:n]), np.append(rows, q.exclude))[:k - m]
         rows, sims = np.concatenate([rows, zero]), np.concatenate([sims, np.zeros(zero.shape[0])])

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import scipy.sparse as sp
+
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
 from gmmlsh.index.records import as_stored, decode_rows

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
+
 from gmmlsh.index.store.base import (
     FIELDS,
     IID_LIMIT,

@@ -132,14 +132,6 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
 import redis
-from gmmlsh.index.store.base import (
-    FIELDS,
-    BandKeysFn,
-    RecordBatch,
-    StoreError,
-    StoreUnavailable,
-    decode_names,
-)
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import (
     ClusterDownError,
@@ -152,6 +144,15 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.retry import Retry
+
+from gmmlsh.index.store.base import (
+    FIELDS,
+    BandKeysFn,
+    RecordBatch,
+    StoreError,
+    StoreUnavailable,
+    decode_names,
+)
 
 __all__ = ["RedisStore"]
 
