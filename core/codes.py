@@ -18,9 +18,10 @@ cheap 2-bit pass (dense data, where random pairs already agree a lot) and an
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
+
 from gmmlsh.core.intrinsics import popcount
 from gmmlsh.core.rng import hash_code
-from numba import njit
 
 #: Samples per bit-plane word.
 WORD = 64

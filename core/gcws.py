@@ -32,12 +32,13 @@ import math
 
 import numpy as np
 import scipy.sparse as sp
+from numba import njit, prange
+
 from gmmlsh.core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
 from gmmlsh.core.lane_step import broadcast_step
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
 from gmmlsh.core.rng import coord_key, uniform
 from gmmlsh.core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
-from numba import njit, prange
 
 #: Samples handled together by the innermost loop (4 AVX-512 registers of float64).
 _JB = 32

@@ -29,8 +29,9 @@ False and the caller samples that row the reference way.
 from __future__ import annotations
 
 import numpy as np
-from gmmlsh.core.lane_step import LANES, gather_step
 from numba import njit
+
+from gmmlsh.core.lane_step import LANES, gather_step
 
 #: Bytes of walk table per (coordinate, sample): B and four constants (float32) and the coordinate (uint32).
 BYTES_PER_ENTRY = 24

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from numba import njit, prange
+
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
 from gmmlsh.core.validate import DimensionError, check_batch, check_dense, check_sparse
-from numba import njit, prange
 
 #: Sums may be reassociated (that is what lets LLVM vectorise them); inputs are
 #: validated finite, so the no-NaN/no-inf assumptions hold.

@@ -14,10 +14,11 @@ index for 92 % (docs/architecture.md).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
+
 from gmmlsh.core.codes import WORD
 from gmmlsh.core.intrinsics import popcount
 from gmmlsh.core.parallel import PARALLEL_LOCK, twin_kernels
-from numba import njit, prange
 
 #: Words of a first-stage row: bit planes 0 and 1 of the first 4 words (2-bit codes of
 #: samples 0–255), zero where a sketch has fewer bits or samples (equal on both sides).

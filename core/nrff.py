@@ -18,10 +18,11 @@ import math
 
 import numpy as np
 import scipy.sparse as sp
+from numba import njit, prange
+
 from gmmlsh.core.parallel import PARALLEL_LOCK
 from gmmlsh.core.rng import coord_key, uniform
 from gmmlsh.core.validate import check_batch
-from numba import njit, prange
 
 #: Largest slab of W rows held at once.
 SLAB_BYTES = 32 << 20

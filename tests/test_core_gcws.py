@@ -35,6 +35,9 @@ import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from gmmlsh.core.codes import (
     bbit_codes,
     bbit_collision_probability,
@@ -47,8 +50,6 @@ from gmmlsh.core.codes import (
 )
 from gmmlsh.core.gcws import sketch, sketch_sparse_vector
 from gmmlsh.core.gmm import gmm, gmm_many
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 Z = 4.0  # standard errors; two-sided normal tail 6.3e-5 per comparison
 ZERO_BIT_SLACK = 0.01  # the allowance for the 0-bit approximation

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+
 from gmmlsh.core import gcws
 from gmmlsh.core.gcws import NO_WALK, _sample_dense_serial, constant_table, sketch, walk_table
 from gmmlsh.core.gcws_walk import LANES, build_walk_table, sign_bounds, walk_vector

@@ -15,9 +15,10 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms, rbf, score_rows
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms, rbf, score_rows
 
 RTOL = 1e-9
 ATOL = 1e-12

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from gmmlsh.core.lane_step import LANES, broadcast_step, gather_step
 from numba import njit
+
+from gmmlsh.core.lane_step import LANES, broadcast_step, gather_step
 
 
 @njit

@@ -15,10 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import gmmlsh.core.nrff as nrff
 import numpy as np
 import pytest
 import scipy.sparse as sp
+
+import gmmlsh.core.nrff as nrff
 from gmmlsh.core.nrff import features, nrff_variance, rbf_from_correlation, rff_variance
 
 Z = 4.0  # standard errors; two-sided normal tail 6.3e-5 per comparison

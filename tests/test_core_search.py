@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+
 from gmmlsh.core.codes import agreement, bbit_codes, bit_planes, plane_words
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_matrix

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
+
 from gmmlsh.core.codes import bbit_codes
 from gmmlsh.core.gcws import sketch, sketch_sparse_vector
 from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, score_rows

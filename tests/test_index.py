@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import FMNIST as FMNIST_PATH
+from redis_fixtures import redis_url  # noqa: F401
+
 from gmmlsh.core import nrff
 from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gcws import sketch
@@ -24,7 +26,6 @@ from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.records import DENSE, SPARSE_GIVEN_DENSE, SPARSE_GIVEN_SPARSE, decode_vector
 from gmmlsh.index.store.base import ConfigConflict
-from redis_fixtures import redis_url  # noqa: F401
 
 
 @pytest.fixture(params=["lmdb", "redis"])
