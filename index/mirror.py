@@ -46,7 +46,7 @@ from gmmlsh.index.records import DENSE, decode_vector
 from gmmlsh.index.store.base import Store
 
 #: Bump when the mirror's files change: an older mirror is rebuilt.
-MIRROR_FORMAT = 1
+MIRROR_FORMAT = 2
 #: Records read from the store per round trip while syncing.
 _READ_BATCH = 4096
 
