@@ -96,46 +96,16 @@ def _modes(F, labels, nlist):
     return out
 
 
-@njit(nogil=True, cache=True)
-def _spread_start(F, nlist, uniforms):
-    """Rows to start k-modes from, chosen as k-means++ does: each next one with probability
-    proportional to its squared disagreement with the nearest chosen so far."""
-    n = F.shape[0]
-    top = np.float64(FIRST_WORDS // 2 * WORD)
-    chosen = np.empty(nlist, dtype=np.int64)
-    chosen[0] = np.int64(uniforms[0] * n) % n
-    d2 = np.empty(n)
-    for i in range(n):
-        d = top - first_agreement(F[i], F[chosen[0]])
-        d2[i] = d * d
-    for c in range(1, nlist):
-        total = d2.sum()
-        if total <= 0.0:  # fewer distinct rows than lists: repeat one
-            chosen[c] = chosen[c - 1]
-            continue
-        target = uniforms[c] * total
-        acc = 0.0
-        pick = n - 1
-        for i in range(n):
-            acc += d2[i]
-            if acc >= target:
-                pick = i
-                break
-        chosen[c] = pick
-        for i in range(n):
-            d = top - first_agreement(F[i], F[pick])
-            d2[i] = min(d2[i], d * d)
-    return chosen
-
-
 def kmodes(F: np.ndarray, nlist: int, *, rounds: int = 3, seed: int = 0) -> np.ndarray:
-    """``nlist`` centroids for first-stage rows ``F``: ``rounds`` of k-modes from a spread start.
+    """``nlist`` centroids for first-stage rows ``F``: ``rounds`` of k-modes from random rows.
 
+    A random start, not k-means++'s spread one: on Fashion-MNIST grown to 1M the spread
+    start made lists so uneven that a query scanned 45 % more rows for the same recall.
     A list left empty by a round keeps its previous centroid.
     """
     nlist = max(1, min(nlist, F.shape[0]))
     rng = np.random.default_rng(seed)
-    centroids = F[_spread_start(F, nlist, rng.random(nlist))].copy()
+    centroids = F[rng.choice(F.shape[0], nlist, replace=False)].copy()
     for _ in range(rounds):
         labels = assign(F, centroids)
         updated = _modes(F, labels, nlist)
