@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from gmmlsh.index.ingest.readers import _P10, InputFormatError, _parse_float, detect_format, open_reader
+
+from gmmlsh.index.ingest.readers import InputFormatError, detect_format, open_reader
 
 # --- helpers ------------------------------------------------------------------------
 
@@ -57,55 +58,35 @@ def sub(fmnist):
     return fmnist[0][:3000], fmnist[1][:3000]
 
 
-# --- the exact decimal fast path ----------------------------------------------------------
+# --- numbers parse as Python (and numpy) parse them ---------------------------------------
 
 
-def _fast(s: str):
-    b = np.frombuffer(s.encode(), np.uint8)
-    return _parse_float(b, 0, len(b), _P10)
-
-
-@pytest.mark.parametrize("s", ["0", "-0", "1", "+3", "255", ".5", "5.", "0.1", "-2.5e-3", "1E+05", "1e22",
-                               "9007199254740992", "123456789012345678", "0.000000000000000000001",
-                               "3.14159", "1e-22", "00012.50", "0e0", "100e-2", "0.3", "1e23", "0.1234567890123456789"])
-def test_fast_path_equals_python_float(s):
-    v, ok = _fast(s)
-    assert ok and v == float(s) and np.signbit(v) == np.signbit(float(s)), s
-
-
-@pytest.mark.parametrize("s", ["", "-", ".", "e5", "1e", "abc", "1.2.3", "1,5", "nan", "inf", "1_000", " 1",
-                               "1.00000000000000011102230246251565404236316680908203125"])
-def test_fast_path_declines_what_it_cannot_do_exactly(s):
-    v, ok = _fast(s)
-    assert not ok, (s, v)
-
-
-def test_fast_path_random_decimals_match_python():
-    """Clinger and Eisel-Lemire paths against Python's correctly rounded float(), over the whole range."""
+def _decimals() -> list[str]:
+    """Decimal strings over the whole double range, in many formats, plus hard cases."""
     rng = np.random.default_rng(7)
-    bits = rng.integers(0, 0x7FF0000000000000, size=40000, dtype=np.int64).view(np.float64)  # every finite double
-    vals = np.concatenate([bits, rng.standard_normal(20000) * 10.0 ** rng.integers(-12, 12, 20000),
-                           rng.random(5000), rng.integers(0, 1 << 62, 5000).astype(np.float64),
+    bits = rng.integers(0, 0x7FF0000000000000, size=3000, dtype=np.int64).view(np.float64)  # every finite double
+    vals = np.concatenate([bits, rng.standard_normal(2000) * 10.0 ** rng.integers(-12, 12, 2000), rng.random(500),
                            np.array([5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, 2**53, 2**53 + 2])])
-    accepted = declined = 0
-    for v in vals.tolist():
-        for s in (repr(v), f"{v:.18e}", f"{v:.6g}", f"{v:.15g}", f"{v:.25e}", f"{v:.3f}", f"{v:.4e}"):
-            got, ok = _fast(s)
-            if ok:
-                accepted += 1
-                assert got == float(s), s
-            else:
-                declined += 1
-    # digits beyond what 128 bits decide (e.g. exact binary midpoints) go to Python; the rest is fast
-    assert declined < accepted / 100
+    out = [s for v in vals.tolist()
+           for s in (repr(v), f"{v:.18e}", f"{v:.6g}", f"{v:.15g}", f"{v:.25e}", f"{v:.3f}", f"{v:.4e}")]
+    return out + ["9007199254740993", "2.4703282292062328e-324", "2.4703282292062327e-324", "1e-400", "-0.0",
+                  "3.921568627450980338e-03", "1.00000000000000011102230246251565404236316680908203125",
+                  "0.1234567890123456789", "00012.50", "+3", ".5", "5.", "1E+05", "100e-2"]
 
 
-@pytest.mark.parametrize("s, want", [("9007199254740993", 9007199254740992.0), ("2.4703282292062328e-324", 5e-324),
-                                     ("2.4703282292062327e-324", 0.0), ("1.7976931348623159e308", float("inf")),
-                                     ("1e-400", 0.0), ("-0.0", -0.0), ("3.921568627450980338e-03", 1 / 255)])
-def test_fast_path_hard_cases(s, want):
-    got, ok = _fast(s)
-    assert ok and got == want and np.signbit(got) == np.signbit(want)
+def test_csv_and_svmlight_values_equal_python_float(tmp_path):
+    """Every decimal reads as Python's correctly rounded float() (so as numpy.float32 of it, once stored)."""
+    strs = _decimals()
+    want = np.array([float(s) for s in strs])
+    (tmp_path / "v.csv").write_text("".join(f"{s},1\n" for s in strs))
+    (tmp_path / "v.svm").write_text("".join(f"0 1:{s} 2:1\n" for s in strs))
+    for name in ("v.csv", "v.svm"):
+        _, got, _, _ = read_all(open_reader(tmp_path / name, dim=2, chunk_rows=4096))
+        assert np.array_equal(got[:, 0], want), name
+        if name == "v.csv":  # (a sparse matrix keeps no -0.0)
+            assert np.array_equal(np.signbit(got[:, 0]), np.signbit(want))
+        with np.errstate(over="ignore"):
+            assert np.array_equal(got[:, 0].astype(np.float32), want.astype(np.float32))
 
 
 # --- format detection -------------------------------------------------------------------
@@ -118,8 +99,9 @@ def test_detect_format():
     assert detect_format("a.libsvm") == "svmlight"
     assert detect_format("x.dat", "libsvm") == "svmlight"
     assert detect_format("x.fvecs") == "fvecs"
+    assert detect_format("x.parquet") == "parquet" and detect_format("x.dat", "pq") == "parquet"
     expect_error(r"x\.dat: cannot tell the format", detect_format, "x.dat")
-    expect_error("unknown format 'parquet'", detect_format, "x.dat", "parquet")
+    expect_error("unknown format 'xlsx'", detect_format, "x.dat", "xlsx")
 
 
 def test_missing_file_is_named(tmp_path):
@@ -257,7 +239,7 @@ def test_csv_no_header_positional_id_and_tsv(tmp_path):
     assert np.array_equal(X, [[1, 2, 3], [4, 5, 6]])
 
 
-def test_csv_quoted_fields_fall_back_to_the_csv_module(tmp_path):
+def test_csv_quoted_fields(tmp_path):
     p = tmp_path / "q.csv"
     p.write_text('id,v1,v2\n"a,b",1,2\n"say ""hi""",3,4\n')
     _, X, ids, _ = read_all(open_reader(p, id_column="id"))
@@ -306,17 +288,66 @@ def test_csv_errors_name_file_line_and_problem(tmp_path):
     expect_error(r"bad\.csv: no data rows", open_reader, p)
 
 
-def test_csv_long_rows_many_blocks(tmp_path, monkeypatch):
-    """Blocks end at line ends: rows are never split, line numbers run on across blocks."""
-    import gmmlsh.index.ingest.readers as readers
+@pytest.mark.parametrize("block", [1000, 4 << 20])
+def test_text_chunks_do_not_depend_on_blocks(tmp_path, monkeypatch, block):
+    """Blocks end at line ends (rows never split, line numbers run on across blocks), and chunks hold
+    exactly chunk_rows rows whatever the block size: the same chunks on every run, as resuming needs."""
+    import gmmlsh.index.ingest.base as base
 
-    monkeypatch.setattr(readers, "BLOCK_BYTES", 1000)
+    monkeypatch.setattr(base, "BLOCK_BYTES", block)
     X = np.arange(1, 200 * 30 + 1, dtype=np.float64).reshape(200, 30)
+    lines = [",".join(str(int(v)) for v in row) for row in X]
+    for i in (150, 100, 50, 3):
+        lines.insert(i, "# comment" if i % 100 else "")
+    (tmp_path / "x.csv").write_text("\n".join(lines) + "\n")
+    write_svm(tmp_path / "x.svm", X, np.arange(200), fmt=lambda v: str(int(v)))
+    for name in ("x.csv", "x.svm"):
+        chunks, got, ids, _ = read_all(open_reader(tmp_path / name, chunk_rows=7, dim=30))
+        assert np.array_equal(got, X) and ids == [str(i) for i in range(200)]
+        assert [len(c) for c in chunks] == [7] * 28 + [4] and [c.file_row for c in chunks] == list(range(0, 200, 7))
+    want = [i + 1 + sum(i >= j for j in (3, 50, 100, 150)) for i in range(200)]  # rows after the inserted lines
+    chunks = list(open_reader(tmp_path / "x.csv", chunk_rows=7))
+    assert np.concatenate([c.lines for c in chunks]).tolist() == want
+
+
+def test_csv_bom_crlf_blank_lines_and_errors_deep_in_the_file(tmp_path, monkeypatch):
+    """A bad line far from the start is named exactly, whichever block pyarrow was reading."""
+    import gmmlsh.index.ingest.base as base
+
+    monkeypatch.setattr(base, "BLOCK_BYTES", 4096)
+    p = tmp_path / "big.csv"
+    body = "".join(f"{i},{i + 1}\r\n" for i in range(1, 20001))
+    p.write_bytes(b"\xef\xbb\xbf" + ("a,b\r\n \r\n" + body).encode())
+    _, X, _, _ = read_all(open_reader(p, chunk_rows=3000))
+    assert X.shape == (20000, 2) and X[0, 0] == 1 and X[-1, 1] == 20001
+    rows = body.splitlines(keepends=True)
+    for bad, msg in [("7,x\r\n", r"big\.csv:12347: column 2 \('b'\): 'x' is not a number"),
+                     ("7\r\n", r"big\.csv:12347: expected 2 fields, found 1"),
+                     ("7,\r\n", r"big\.csv:12347: column 2 \('b'\) is empty")]:
+        p.write_text("a,b\n \n" + "".join(rows[:12344]) + bad + "".join(rows[12344:]))
+        expect_error(msg, open_reader, p, chunk_rows=3000)
+
+
+def test_csv_crlf_rows_all_read_whatever_the_block_boundaries(tmp_path, monkeypatch):
+    """A block may end between CR and LF: no row is lost (pyarrow ends early on a short read of the LF)."""
+    import gmmlsh.index.ingest.base as base
+
+    p = tmp_path / "crlf.csv"
+    p.write_bytes(b"a,b\r\n" + b"".join(b"%d,%d\r\n" % (i, i) for i in range(2000)))
+    for size in range(1000, 1024):
+        monkeypatch.setattr(base, "BLOCK_BYTES", size)
+        _, X, _, _ = read_all(open_reader(p, chunk_rows=500))
+        assert np.array_equal(X[:, 0], np.arange(2000)), size
+
+
+def test_csv_ids_file_read_row_and_sample(tmp_path):
     p = tmp_path / "x.csv"
-    write_csv(p, X, fmt="%d")
-    chunks, got, _, _ = read_all(open_reader(p))
-    assert len(chunks) > 10 and np.array_equal(got, X)
-    assert np.concatenate([c.lines for c in chunks]).tolist() == list(range(1, 201))
+    write_csv(p, np.arange(1, 31, dtype=np.float64).reshape(10, 3), fmt="%d")
+    (tmp_path / "ids.txt").write_text("".join(f"r{i}\n" for i in range(10)))
+    r = open_reader(p, ids_file=tmp_path / "ids.txt", chunk_rows=4)
+    assert read_all(r)[2] == [f"r{i}" for i in range(10)]
+    assert np.array_equal(r.read_row(7), [[22, 23, 24]]) and r.sample(5).shape == (5, 3)
+    assert r.rows is None and r.chunk_rows == 4
 
 
 # --- svmlight -----------------------------------------------------------------------------
@@ -329,8 +360,8 @@ def test_svmlight_labels_qid_comments_and_base(tmp_path):
         "1 qid:4 1:0.5 3:2 # trailing comment\n"
         "\n"
         "-1 2:1e-3 4:7\n"
-        "2.5 3:1 1:4\n"  # unsorted: sorted by the reader
-        "1,3 1:1\n"  # multi-label
+        "2.5 1:4 3:1\n"
+        "3,1 1:1\n"  # multi-label
         "4:9\n"  # no label
     )
     r = open_reader(p, dim=4)
@@ -366,12 +397,14 @@ def test_svmlight_errors_name_file_line_and_problem(tmp_path):
     p = tmp_path / "data.svm"
     good = "1 1:1 2:2\n" * 16
     for bad, msg in [
-        ("1 x3:1\n", r"data\.svm:17: index 'x3' is not an integer"),
-        ("1 3:abc\n", r"data\.svm:17: value 'abc' of index 3 is not a number"),
+        ("1 x3:1\n", r"data\.svm:17: 'x3' is not an integer"),
+        ("1 3:abc\n", r"data\.svm:17: 'abc' is not a number"),
+        ("x 3:1\n", r"data\.svm:17: 'x' is not a number"),
         ("1 3\n", r"data\.svm:17: expected index:value, got '3'"),
-        ("1 2:1 2:3\n", r"data\.svm:17: index 2 appears twice"),
+        ("1 2:1 2:3\n", r"data\.svm:17: indices must increase along the line"),
+        ("1 3:1 1:4\n", r"data\.svm:17: indices must increase along the line"),
         ("1 -2:1\n", r"data\.svm:17: index -2 is negative"),
-        ("1 qid:a 1:1\n", r"data\.svm:17: qid 'a' is not an integer"),
+        ("1 qid:a 1:1\n", r"data\.svm:17: 'a' is not an integer"),
         ("1 0:1\n", r"data\.svm:17: index 0 is not valid with 1-based indices"),
         ("1 9:1\n", r"data\.svm:17: index 9 is out of range for dimension 4"),
     ]:
@@ -395,6 +428,102 @@ def test_svmlight_many_features(tmp_path):
     X = sp.vstack([c.X for c in chunks]).tocsr()
     assert X.shape == (n, dim) and X.nnz == n * 150
     assert np.array_equal(X[5].indices, rows[5]) and np.array_equal(X[5].data, vals[5])
+
+
+def test_svmlight_auto_base_is_decided_for_the_whole_file(tmp_path):
+    """Index 0 only in the last chunk: "auto" still reads every chunk zero-based (one scan decides)."""
+    p = tmp_path / "z.svm"
+    p.write_text("1 1:1 2:2\n" * 10 + "2 0:5\n")
+    r = open_reader(p, zero_based="auto", chunk_rows=4)
+    assert r.needs_scan() and r.scan() == 3 and not r.needs_scan()
+    chunks, X, _, meta = read_all(r)
+    assert [len(c) for c in chunks] == [4, 4, 3]
+    assert np.array_equal(X[0], [0, 1, 2]) and np.array_equal(X[-1], [5, 0, 0]) and meta[-1] == {"label": 2}
+
+
+def test_svmlight_gzip_qid_on_some_rows_and_bad_line_in_a_late_block(tmp_path, monkeypatch):
+    import gmmlsh.index.ingest.base as base
+
+    monkeypatch.setattr(base, "BLOCK_BYTES", 2048)
+    lines = [f"{i % 3} {f'qid:{i // 10} ' if i % 2 else ''}1:{i + 1} 5:0.5" for i in range(3000)]
+    with gzip.open(tmp_path / "d.svm.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    chunks, X, _, meta = read_all(open_reader(tmp_path / "d.svm.gz", chunk_rows=1000))
+    assert X.shape == (3000, 5) and X[2999, 0] == 3000 and chunks[-1].lines[-1] == 3000
+    assert meta[:2] == [{"label": 0}, {"label": 1, "qid": 0}] and meta[2999] == {"label": 2, "qid": 299}
+    lines[2500] = "1 1:1 4:oops"
+    with gzip.open(tmp_path / "d.svm.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    expect_error(r"d\.svm\.gz:2501: 'oops' is not a number", open_reader, tmp_path / "d.svm.gz", dim=5)
+
+
+# --- parquet ----------------------------------------------------------------------------
+
+
+def test_parquet_numeric_columns_ids_labels_and_chunks(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(3)
+    X = rng.random((95, 4)).astype(np.float32) + 0.1
+    t = pa.table({"id": [f"v{i}" for i in range(95)], "a": X[:, 0], "b": X[:, 1], "note": ["x"] * 95,
+                  "c": X[:, 2], "label": [i % 5 for i in range(95)], "d": X[:, 3]})
+    pq.write_table(t, tmp_path / "t.parquet", row_group_size=10)
+    r = open_reader(tmp_path / "t.parquet", id_column="id", label_column="label", chunk_rows=25)
+    assert (r.dim, r.rows, r.sparse, r.fmt) == (4, 95, False, "parquet")
+    chunks, got, ids, meta = read_all(r)
+    assert [len(c) for c in chunks] == [25, 25, 25, 20] and [c.file_row for c in chunks] == [0, 25, 50, 75]
+    assert np.array_equal(got, X) and got.dtype == np.float32  # float32 stays float32; "note" is not numeric
+    assert ids[:2] == ["v0", "v1"] and meta[:3] == [{"label": 0}, {"label": 1}, {"label": 2}]
+    assert chunks[-1].lines is None and chunks[-1].end_byte == (tmp_path / "t.parquet").stat().st_size
+    # positions work too, and integer ids become text
+    pq.write_table(pa.table({"k": list(range(5)), "x": [1, 2, 3, 4, 5], "y": [1.5] * 5}), tmp_path / "u.parquet")
+    _, got, ids, _ = read_all(open_reader(tmp_path / "u.parquet", id_column=0))
+    assert ids == ["0", "1", "2", "3", "4"] and np.array_equal(got, [[v, 1.5] for v in range(1, 6)])
+    assert got.dtype == np.float64
+
+
+@pytest.mark.parametrize("kind", ["list", "large_list", "fixed"])
+def test_parquet_list_column(tmp_path, kind, sub):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    X, y = sub
+    X = X[:300].astype(np.float32)
+    flat = pa.array(X.reshape(-1))
+    emb = {"list": pa.ListArray.from_arrays(np.arange(0, 301 * 784, 784, dtype=np.int32), flat),
+           "large_list": pa.LargeListArray.from_arrays(np.arange(0, 301 * 784, 784, dtype=np.int64), flat),
+           "fixed": pa.FixedSizeListArray.from_arrays(flat, 784)}[kind]
+    pq.write_table(pa.table({"emb": emb, "y": y[:300].astype(np.int64)}), tmp_path / "e.parquet",
+                   row_group_size=128)
+    r = open_reader(tmp_path / "e.parquet", label_column="y", chunk_rows=100)
+    assert (r.dim, r.rows) == (784, 300)
+    chunks, got, ids, meta = read_all(r)
+    assert [len(c) for c in chunks] == [100, 100, 100] and np.array_equal(got, X)
+    assert ids[-1] == "299" and meta[:2] == [{"label": int(y[0])}, {"label": int(y[1])}]
+    assert np.array_equal(r.read_row(250), X[250:251])
+
+
+def test_parquet_errors_name_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"a": [1.0, 2.0, None, 4.0], "b": [1.0] * 4}), p)
+    expect_error(r"bad\.parquet: row 2: column 'a' is null", open_reader, p, chunk_rows=3)
+    pq.write_table(pa.table({"e": [[1.0, 2.0], [3.0, 4.0], [5.0]]}), p)
+    expect_error(r"bad\.parquet: row 2: 'e' has 1 values, expected 2", open_reader, p)
+    pq.write_table(pa.table({"e": [[1.0, 2.0], [3.0, None]]}), p)
+    expect_error(r"bad\.parquet: row 1: 'e' holds a null value", open_reader, p)
+    pq.write_table(pa.table({"e": [[1.0]], "f": [[2.0]]}), p)
+    expect_error(r"bad\.parquet: several list columns \(e, f\)", open_reader, p)
+    pq.write_table(pa.table({"s": ["a"]}), p)
+    expect_error(r"bad\.parquet: no numeric columns", open_reader, p)
+    pq.write_table(pa.table({"id": ["a", "b", "a"], "x": [1.0, 2.0, 3.0]}), p)
+    expect_error(r"bad\.parquet: row 2: id 'a' repeats row 0", open_reader, p, id_column="id")
+    expect_error(r"bad\.parquet: id column 'nope' is not a column", open_reader, p, id_column="nope")
+    p.write_bytes(b"PAR1 not really")
+    expect_error(r"bad\.parquet: not a readable Parquet file", open_reader, p)
 
 
 # --- fvecs / bvecs / ivecs -----------------------------------------------------------------
