@@ -1,7 +1,9 @@
 """Append-only, memory-mapped array files: the storage of a search mirror.
 
-A column is one file of fixed-width rows; it grows by doubling (``ftruncate``:
-a sparse file, so unwritten capacity costs no disk) and every process maps the
+A column is one file of fixed-width rows; it grows by a quarter at a time, with the
+new space *allocated* (``posix_fallocate``) before it is mapped: a write through a
+mapping into a hole the filesystem cannot fill kills the process with SIGBUS, so a
+full disk must show up here, as :class:`DiskFull`, instead. Every process maps the
 whole file shared, so its pages live once per machine in the page cache however
 many workers read them. Rows are only ever appended past what readers use, so a
 reader needs no lock: it reads the rows a published count covers.
@@ -9,10 +11,13 @@ reader needs no lock: it reads the rows a published count covers.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import numpy as np
+
+from gmmlsh.index.store.base import DiskFull
 
 #: Rows a new column file is created with.
 _MIN_ROWS = 1024
@@ -41,8 +46,15 @@ class Column:
 
     def _grow_file(self, rows: int) -> None:
         with open(self.path, "ab") as f:
-            if f.tell() < rows * self._row_bytes:
-                f.truncate(rows * self._row_bytes)
+            size = f.tell()
+            if size < rows * self._row_bytes:
+                try:
+                    os.posix_fallocate(f.fileno(), size, rows * self._row_bytes - size)
+                except OSError as exc:
+                    os.ftruncate(f.fileno(), size)  # give back what was allocated
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise DiskFull(f"no space left for the search mirror at {self.path.parent}") from None
+                    raise
 
     def rows(self, n: int) -> np.ndarray:
         """The first ``n`` rows (a view of the mapping)."""
@@ -63,7 +75,7 @@ class Column:
         if self._map is None:
             self._remap()
         if n > self._cap:
-            self._grow_file(max(n, 2 * self._cap, _MIN_ROWS))
+            self._grow_file(max(n, self._cap + self._cap // 4, _MIN_ROWS))
             self._remap()
         self.dirty = True
         return self._map[:n]

@@ -420,3 +420,39 @@ def test_a_mirror_ahead_of_its_store_is_rebuilt(tmp_path, fmnist):
     with Index.open(tmp_path / "snap", maintain=False) as ix:
         assert ix.query(X[150], k=1).neighbors[0].id != "v150"
         assert ix.view().rows == 100 and ix.check().ok
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 24 MiB filesystem (tmpfs); needs the right to mount, else the test says why it skips."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {proc.stderr.strip() or proc.returncode}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_a_clear_error_loses_nothing_and_writes_resume(small_disk):
+    """Writes to an index on a full disk fail with DiskFull (not a crash: the mirror's files
+    reserve their space before mapping it); what was acknowledged stays; after space is freed,
+    writes and queries go on."""
+    from gmmlsh.index.store.base import DiskFull
+
+    X = np.random.default_rng(0).random((200, 784)).astype(np.float32)
+    ballast = small_disk / "ballast"
+    with Index.open(small_disk / "idx", IndexConfig(dim=784, k=64), maintain=False) as ix:
+        acknowledged = 0
+        with pytest.raises(DiskFull, match="no space left"):
+            for b in range(100):
+                ix.upsert([f"{b}-{i}" for i in range(200)], X)
+                acknowledged = ix.count()
+                ix.view()
+                ballast.write_bytes(b"\0" * (256 << 10) * (b + 1))  # the disk fills from outside too
+        assert ix.count() >= acknowledged > 0
+        ballast.unlink()
+        ix.upsert(["after"], X[:1] + 1)
+        assert ix.query(X[0] + 1, k=1).neighbors[0].id == "after"
+        assert ix.check().ok

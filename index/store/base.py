@@ -49,6 +49,13 @@ class StoreUnavailable(StoreError):
     """The backend cannot be reached (Redis down, LMDB unreadable): the service answers 503."""
 
 
+class DiskFull(StoreError):
+    """No space left where the index writes (its disk, or Redis' memory): nothing was written.
+
+    Reads go on; writes succeed again once space is freed.
+    """
+
+
 class ConfigConflict(StoreError):
     """The stored index configuration differs from the one asked for."""
 

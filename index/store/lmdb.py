@@ -41,6 +41,7 @@ from gmmlsh.index.store.base import (
     FIELDS,
     IID_LIMIT,
     Changes,
+    DiskFull,
     RecordBatch,
     StoreError,
     StoreUnavailable,
@@ -52,6 +53,8 @@ _STATE_KEY = b"state"
 _STATE = struct.Struct("<QQQ")  # next iid, live count, retirements
 _BE_U4 = np.dtype(">u4")
 _BE_U8 = np.dtype(">u8")
+#: Free bytes under which a failed write is put down to a full disk.
+_FULL_BELOW = 16 << 20
 
 
 def _be_keys(iids: np.ndarray) -> list[bytes]:
@@ -137,7 +140,10 @@ class LmdbStore:
         return env
 
     def _wrap(self, e: lmdb.Error) -> StoreError:
-        """An LMDB error in the store's vocabulary."""
+        """An LMDB error in the store's vocabulary (a full disk reads as an I/O error from LMDB)."""
+        if self._disk_full():
+            return DiskFull(f"no space left on the disk of the LMDB index at {self.path}: the write was "
+                            "rolled back; free space and retry")
         if isinstance(e, lmdb.MapFullError):
             return StoreError(f"LMDB map full at {self.path} (map_size={self._map_size} bytes): "
                               "the write was rolled back; reopen with a larger map_size")
@@ -147,6 +153,13 @@ class LmdbStore:
         if isinstance(e, lmdb.ReadonlyError):
             return StoreError(f"LMDB store at {self.path} is read-only: {e}")
         return StoreUnavailable(f"LMDB store at {self.path} is unusable: {e}")
+
+    def _disk_full(self) -> bool:
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < _FULL_BELOW
 
     @contextlib.contextmanager
     def _txn(self, write: bool = False) -> Iterator[lmdb.Transaction]:
