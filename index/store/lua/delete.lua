@@ -1,0 +1,25 @@
+-- Retire ids of one id shard, atomically: their records go, their iids join the feed.
+-- KEYS: ids, seq, live, dead, ndead (all of the shard, one hash tag)
+-- ARGV: S, s, chunk_big, chunk_small, key prefix of the shard, then the names
+-- Returns how many of the names existed.
+local S, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local removed = 0
+for j = 6, #ARGV do
+  local old = redis.call('HGET', KEYS[1], ARGV[j])
+  if old then
+    local seq = math.floor(tonumber(old) / S)
+    for _, fam in ipairs({'n', 'v', 'k', 'f', 'm'}) do
+      local c = CB
+      if fam == 'n' or fam == 'm' then c = CS end
+      redis.call('HDEL', TAG .. fam .. ':' .. math.floor(seq / c), tostring(seq % c))
+    end
+    redis.call('HDEL', KEYS[1], ARGV[j])
+    redis.call('RPUSH', KEYS[4], old)
+    removed = removed + 1
+  end
+end
+if removed > 0 then
+  redis.call('DECRBY', KEYS[3], removed)
+  redis.call('INCRBY', KEYS[5], removed)
+end
+return removed
