@@ -96,16 +96,22 @@ class LmdbCorrupter(Corrupter):
 
 
 class RedisCorrupter(Corrupter):
-    """Goes through the Redis store's own key helpers (its layout is its business)."""
+    """Raw commands on the Redis key layout, found through the store's own key helpers."""
+
+    _FAMILY = {"name": "n", "vector": "v", "sketch": "k", "nrff": "f", "meta": "m"}
 
     def set(self, iid: int, field: str, blob: bytes | None) -> None:
-        self.store._corrupt_field(iid, field, blob)
+        key, f = self.store._loc(iid, self._FAMILY[field], self.store.shards)
+        r = self.store._r()
+        r.hdel(key, f) if blob is None else r.hset(key, f, blob)
 
     def add_count(self, d: int) -> None:
-        self.store._corrupt_count(d)
+        self.store._r().incrby(self.store._tag(0) + "live", d)
 
     def set_id(self, ext: str, iid: int | None) -> None:
-        self.store._corrupt_id(ext, iid)
+        key = self.store._tag(self.store._shard_of(ext, self.store.shards)) + "ids"
+        r = self.store._r()
+        r.hdel(key, ext) if iid is None else r.hset(key, ext, iid)
 
 
 BACKENDS = ["lmdb", "redis"]
