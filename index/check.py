@@ -158,7 +158,7 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
         part = both[lo:lo + 4096]
         rec = index.store.read(np.array([i for i, _ in part], dtype=np.int64), ["name", "vector", "sketch", "meta"])
         sk = np.frombuffer(b"".join(rec["sketch"]), np.uint8).reshape(len(part), -1)
-        planes = bit_planes(unpack_codes(sk, cfg.k, cfg.bits), cfg.bits)
+        planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
         for t, (iid, r) in enumerate(part):
             norm, payload = index.mirror._payload(rec["vector"][t])
             off = int(view.voff[r])

@@ -22,13 +22,13 @@ MAX_K = 1000
 #: Largest rerank budget (vectors scored by exact GMM per query).
 MAX_CANDIDATES = 100_000
 #: Creation parameters a user may set (the rest are fixed by the release or given at creation).
-CREATION_FIELDS = ("dim", "k", "bits", "seed", "t_bits", "nrff_k", "gamma")
+CREATION_FIELDS = ("dim", "samples", "bits", "seed", "t_bits", "nrff_k", "gamma")
 #: Fields that fix how vectors are hashed and stored.
-_IDENTITY = ("dim", "k", "bits", "seed", "t_bits", "nrff_k", "gamma", "center", "format_version",
+_IDENTITY = ("dim", "samples", "bits", "seed", "t_bits", "nrff_k", "gamma", "center", "format_version",
              "generator_version")
 _HELP = {
     "dim": "dimension of the vectors (required to create an index)",
-    "k": "GCWS samples per vector (the sketch)",
+    "samples": "GCWS samples per vector (the sketch)",
     "bits": "bits kept per sample (b-bit codes, 1-16)",
     "seed": "seed of the hash functions",
     "t_bits": "bits of t* mixed into each code (0: the 0-bit scheme, i* only)",
@@ -42,7 +42,7 @@ class IndexConfig:
     """Everything that fixes an index's layout (see the field help in :func:`describe`)."""
 
     dim: int
-    k: int = 512
+    samples: int = 512
     bits: int = 8
     seed: int = 0
     t_bits: int = 0
@@ -56,7 +56,7 @@ class IndexConfig:
 
     def __post_init__(self):
         problems = []
-        for name, low in (("dim", 1), ("k", 1), ("nrff_k", 0), ("t_bits", 0), ("seed", 0)):
+        for name, low in (("dim", 1), ("samples", 1), ("nrff_k", 0), ("t_bits", 0), ("seed", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 problems.append(f"{name}: must be an integer ≥ {low}, got {value!r}")
@@ -73,8 +73,8 @@ class IndexConfig:
 
     @property
     def sketch_bytes(self) -> int:
-        """Bytes of one stored sketch: ``k`` codes of ``bits`` bits."""
-        return (self.k * self.bits + 7) // 8
+        """Bytes of one stored sketch: ``samples`` codes of ``bits`` bits."""
+        return (self.samples * self.bits + 7) // 8
 
     def to_dict(self) -> dict:
         d = asdict(self)

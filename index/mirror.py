@@ -104,7 +104,7 @@ class Mirror:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.words = plane_words(config.k)
+        self.words = plane_words(config.samples)
         self._lock = threading.RLock()
         self._open_columns()
         self.view: View = self._load()
@@ -253,7 +253,7 @@ class Mirror:
             self._iid.reserve(end)[rows:end] = new_iids
             self._alive.reserve(end)[rows:end] = 1
             self._norms.reserve(end)[rows:end] = norms
-            planes = bit_planes(unpack_codes(sk, cfg.k, cfg.bits), cfg.bits)
+            planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
             self._planes.reserve(end)[rows:end] = planes
             self._first.reserve(end)[rows:end] = first_rows(planes, self.words, cfg.bits)
             self._vectors.append(rows, payloads)

@@ -126,9 +126,9 @@ def as_hashed(X32, config: IndexConfig):
 def codes_of(Xh, config: IndexConfig) -> np.ndarray:
     """b-bit codes (n, k) of hashable rows (see :func:`as_hashed`)."""
     if config.t_bits:
-        istar, tstar = gcws.sketch(Xh, config.k, config.seed, return_t=True, check=False)
+        istar, tstar = gcws.sketch(Xh, config.samples, config.seed, return_t=True, check=False)
     else:
-        istar, tstar = gcws.sketch(Xh, config.k, config.seed, check=False), None
+        istar, tstar = gcws.sketch(Xh, config.samples, config.seed, check=False), None
     return bbit_codes(istar, config.bits, config.seed, tstar, config.t_bits)
 
 

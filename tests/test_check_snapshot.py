@@ -129,7 +129,7 @@ def _figures() -> Iterator[None]:
 @pytest.fixture(params=BACKENDS)
 def index(request, tmp_path) -> Iterator[tuple[Index, Corrupter, list[str]]]:
     """A small filled index, a corrupter for its store, and its CLI location options."""
-    cfg = IndexConfig(dim=DIM, k=64)
+    cfg = IndexConfig(dim=DIM, samples=64)
     if request.param == "lmdb":
         loc, kw, cli = str(tmp_path / "idx"), {}, ["--index", str(tmp_path / "idx")]
     else:
@@ -180,7 +180,7 @@ def _mirror_alive(c: Corrupter) -> None:
 def _mirror_planes(c: Corrupter) -> None:
     row = c.row("v55")
     planes = c.mirror_column("planes.u8", np.uint64)
-    width = c.ix.config.bits * (c.ix.config.k // 64)
+    width = c.ix.config.bits * (c.ix.config.samples // 64)
     planes[row * width + 3] ^= np.uint64(0xFF)
     planes.flush()
 
@@ -258,7 +258,7 @@ def test_a_damaged_mirror_is_repaired_by_deleting_it(index):
 
 def test_snapshot_is_consistent_restorable_and_answers_identically(tmp_path, capsys):
     loc = tmp_path / "idx"
-    with Index.open(str(loc), IndexConfig(dim=DIM, k=64)) as ix:
+    with Index.open(str(loc), IndexConfig(dim=DIM, samples=64)) as ix:
         _fill(ix)
     assert main(["snapshot", "--index", str(loc), str(tmp_path / "snap"), "--verify"]) == 0
     out = capsys.readouterr().out
@@ -297,7 +297,7 @@ def test_snapshot_while_writers_run_holds_whole_batches(tmp_path):
     loc = tmp_path / "idx"
     X = _data(4)
     batch = 20
-    with Index.open(str(loc), IndexConfig(dim=DIM, k=64)) as ix:
+    with Index.open(str(loc), IndexConfig(dim=DIM, samples=64)) as ix:
         stop = threading.Event()
 
         def writer() -> None:

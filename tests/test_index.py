@@ -166,7 +166,7 @@ def test_sparse_high_dimensional_and_signed(location):
     indptr = np.cumsum([0] + [len(r[0]) for r in rows])
     X = sp.csr_matrix((np.concatenate([r[1] for r in rows]), np.concatenate([r[0] for r in rows]), indptr),
                       shape=(n, dim))
-    with _open(location, IndexConfig(dim=dim, k=128)) as ix:
+    with _open(location, IndexConfig(dim=dim, samples=128)) as ix:
         ix.upsert([f"s{i}" for i in range(n)], X)
         # A near copy of row 3 finds row 3 first, in every mode that applies.
         idx, val = rows[3]
@@ -181,7 +181,7 @@ def test_sparse_high_dimensional_and_signed(location):
     signed = np.random.default_rng(6).normal(size=(300, 40))
     second = ((location[0] + "-signed", {}) if not location[0].startswith("redis")
               else (location[0], {**location[1], "prefix": location[1]["prefix"] + "s"}))
-    with _open(second, IndexConfig(dim=40, k=64)) as ix:
+    with _open(second, IndexConfig(dim=40, samples=64)) as ix:
         ix.upsert([str(i) for i in range(300)], signed)
         # Differs from row 0 only in its negative coordinates: GMM < 1, and not taken as equal.
         q = signed[0].copy()
@@ -229,7 +229,7 @@ def test_storage_follows_the_data_and_reads_back_as_given(location):
     dense_rows[1, :50] = 2.0  # mostly zeros, given dense
     dense_rows[2, :150] = 3.0
     sparse_rows = sp.csr_matrix(dense_rows.copy())
-    with _open(location, IndexConfig(dim=dim, k=64)) as ix:
+    with _open(location, IndexConfig(dim=dim, samples=64)) as ix:
         ix.upsert(["d0", "d1", "d2"], dense_rows)
         ix.upsert(["s0", "s1", "s2"], sparse_rows)
         iids = ix.store.lookup(["d0", "d1", "d2", "s0", "s1", "s2"])
@@ -244,7 +244,7 @@ def test_storage_follows_the_data_and_reads_back_as_given(location):
 def test_another_process_writes_are_seen_by_the_next_query(location, fmnist):
     """A process's next query sees what another process (or replica) wrote and deleted."""
     X, _, _, _ = fmnist
-    with _open(location, IndexConfig(dim=784, k=128)) as ix:
+    with _open(location, IndexConfig(dim=784, samples=128)) as ix:
         ix.upsert(_ids(0, 300), X[:300], [{"v": 1}] * 300)
         assert ix.query(X[400], k=1).neighbors[0].id != "v400"
         _in_another_process(location, """
@@ -270,7 +270,7 @@ def test_another_process_writes_are_seen_by_the_next_query(location, fmnist):
 def test_a_query_reads_the_store_once_when_nothing_changed(location, fmnist):
     """Steady state: one token read per query (one LMDB get, one Redis round trip), no records."""
     X, _, Q, _ = fmnist
-    with _open(location, IndexConfig(dim=784, k=128), maintain=False) as ix:
+    with _open(location, IndexConfig(dim=784, samples=128), maintain=False) as ix:
         ix.upsert(_ids(0, 500), X[:500])
         ix.query(Q[0])
         calls = []
@@ -302,7 +302,7 @@ def test_query_batch_answers_as_single_queries(location, fmnist, threads):
 
 
 def test_bad_input_changes_nothing(location):
-    with _open(location, IndexConfig(dim=8, k=32)) as ix:
+    with _open(location, IndexConfig(dim=8, samples=32)) as ix:
         ix.upsert(["a"], np.ones((1, 8)))
         bad = [
             (np.ones((1, 7)), DimensionError),
@@ -322,12 +322,12 @@ def test_bad_input_changes_nothing(location):
             with pytest.raises(ValueError):
                 ix.query(np.ones(8), **kw)
     with pytest.raises(ConfigConflict):
-        _open(location, IndexConfig(dim=8, k=33))
+        _open(location, IndexConfig(dim=8, samples=33))
 
 
 def test_sketches_are_stored_as_rehash(location, fmnist):
     X, _, _, _ = fmnist
-    with _open(location, IndexConfig(dim=784, k=64)) as ix:
+    with _open(location, IndexConfig(dim=784, samples=64)) as ix:
         ix.upsert(_ids(0, 200), X[:200])
         stored = ix.store.read(ix.store.lookup(_ids(0, 200)), ["sketch"])["sketch"]
         want = pack_codes(bbit_codes(sketch(X[:200].astype(np.float32), 64), 8), 8)
@@ -358,7 +358,7 @@ def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp
 
     X, _, Q, _ = fmnist
     monkeypatch.setattr(tuner, "_measure", lambda *a: (0.0, 1.0))  # nothing reaches the target
-    with Index.open(tmp_path / "t", IndexConfig(dim=784, k=64), maintain=False) as ix:
+    with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         ix.upsert(_ids(0, 3000), X[:3000])
         done = ix.maintain()
         assert done["tuned"]["chosen"] == "exact" and ix.stats()["search"]["exact"]
@@ -369,7 +369,7 @@ def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp
 
 def test_lists_are_rebuilt_as_the_index_grows_and_drop_retired_rows(tmp_path, fmnist):
     X, _, Q, _ = fmnist
-    with Index.open(tmp_path / "g", IndexConfig(dim=784, k=128), maintain=False) as ix:
+    with Index.open(tmp_path / "g", IndexConfig(dim=784, samples=128), maintain=False) as ix:
         ix.upsert(_ids(0, 4000), X[:4000])
         assert ix.maintain()["generation"] == 1
         g1 = ix.view().generation
@@ -393,7 +393,7 @@ def test_the_mirror_is_derived_data(location, fmnist):
     """Deleted, it is rebuilt from the store with the same answers; a mirror made for another
     index at the same place is discarded; two processes share one mirror."""
     X, _, Q, _ = fmnist
-    with _open(location, IndexConfig(dim=784, k=128)) as ix:
+    with _open(location, IndexConfig(dim=784, samples=128)) as ix:
         ix.upsert(_ids(0, 2000), X[:2000])
         before = _answers(ix, Q[:10], mode="exact")
         mirror_dir = ix.mirror.dir
@@ -410,7 +410,7 @@ def test_the_mirror_is_derived_data(location, fmnist):
 def test_a_mirror_ahead_of_its_store_is_rebuilt(tmp_path, fmnist):
     """A restored backup is behind the mirror left in its directory: the mirror starts over."""
     X, _, _, _ = fmnist
-    with Index.open(tmp_path / "i", IndexConfig(dim=784, k=64), maintain=False) as ix:
+    with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         ix.upsert(_ids(0, 100), X[:100])
         ix.query(X[0])
         ix.snapshot(tmp_path / "snap")
@@ -443,7 +443,7 @@ def test_a_full_disk_is_a_clear_error_loses_nothing_and_writes_resume(small_disk
 
     X = np.random.default_rng(0).random((200, 784)).astype(np.float32)
     ballast = small_disk / "ballast"
-    with Index.open(small_disk / "idx", IndexConfig(dim=784, k=64), maintain=False) as ix:
+    with Index.open(small_disk / "idx", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         acknowledged = 0
         with pytest.raises(DiskFull, match="no space left"):
             for b in range(100):
