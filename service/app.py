@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
 import numpy as np
 from fastapi import FastAPI
-from gmmlsh.index.config import IndexConfig
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.cors import CORSMiddleware
+
 from gmmlsh.index.index import Index
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
 from gmmlsh.service.limits import BodyLimitMiddleware
@@ -33,14 +36,12 @@ from gmmlsh.service.metrics import Metrics, MetricsMiddleware
 from gmmlsh.service.routes import api, public
 from gmmlsh.service.schemas import request_schemas
 from gmmlsh.service.settings import Settings
-from starlette.concurrency import run_in_threadpool
-from starlette.middleware.cors import CORSMiddleware
 
 log = logging.getLogger("gmmlsh.service")
 
 DESCRIPTION = """\
 Near-neighbour search for the generalized min-max (GMM) similarity: GCWS sketches,
-LSH buckets in LMDB or Redis, exact GMM rerank.
+searched through inverted lists, reranked by the exact GMM; stored in LMDB or Redis.
 
 Every error answers `{"error": {"status", "code", "field", "message"}}`; bad input
 is 422 and changes nothing. When the server has an API key, send it as `X-API-Key`.
@@ -55,22 +56,14 @@ class IndexOpenError(RuntimeError):
     """Opening the index failed (message scrubbed of credentials)."""
 
 
-def _creation_config(settings: Settings) -> IndexConfig:
-    assert settings.dim is not None
-    return IndexConfig(
-        dim=settings.dim, bands=settings.bands, rows=settings.rows, bits=settings.bits,
-        seed=settings.seed, t_bits=settings.t_bits, nrff_k=settings.nrff_k,
-        gamma=settings.gamma, storage=settings.storage,
-    )
-
-
-def store_options(settings: Settings) -> dict:
-    """Options for ``Index.open``: the cache size, and the backend's (LMDB reader slots)."""
-    opts: dict = {}
-    if settings.cache_bytes is not None:
-        opts["cache_bytes"] = settings.cache_bytes
+def index_options(settings: Settings) -> dict:
+    """Options for ``Index.open`` beyond the location: search overrides, the mirror's place,
+    and the backend's own (LMDB reader slots for every worker thread)."""
+    opts: dict = {"prefix": settings.prefix, "search": settings.search_overrides}
     if settings.backend == "lmdb":
         opts["max_readers"] = settings.max_readers
+    elif settings.cache_dir:
+        opts["cache_dir"] = settings.cache_dir
     return opts
 
 
@@ -80,9 +73,9 @@ def open_index(settings: Settings) -> Index:
     An existing index keeps its stored parameters even when ``dim`` etc. are set
     (so restarting a compose stack with GMMLSH_DIM in its environment is harmless).
     """
-    opts = store_options(settings)
+    opts = index_options(settings)
     try:
-        return Index.open(settings.location, None, prefix=settings.prefix, create=False, **opts)
+        return Index.open(settings.location, None, create=False, **opts)
     except Exception as exc:  # noqa: BLE001 - narrowed below
         if not _is_missing(exc):
             raise
@@ -90,10 +83,9 @@ def open_index(settings: Settings) -> Index:
         where = f"Redis {settings.safe_location}" if settings.redis_url else f"directory {settings.index!r}"
         raise IndexNotFound(
             f"no gmmlsh index in {where}: build one with `gmmlsh build`, or set GMMLSH_DIM "
-            "(and optionally GMMLSH_BANDS, GMMLSH_ROWS, GMMLSH_BITS, ...) to create an empty one"
+            "(and optionally GMMLSH_SAMPLES, GMMLSH_BITS, ...) to create an empty one"
         )
-    return Index.open(settings.location, _creation_config(settings), prefix=settings.prefix,
-                      create=True, **opts)
+    return Index.open(settings.location, settings.creation_config(), create=True, **opts)
 
 
 def _is_missing(exc: Exception) -> bool:
@@ -106,21 +98,16 @@ def _is_missing(exc: Exception) -> bool:
 
 
 def _warm_up(index: Index) -> None:
-    """Compile the query path's numba kernels now, not on the first user's request;
-    then load the stored sketches and vectors into this worker's caches in the background
-    (queries are correct meanwhile, only slower)."""
+    """Bring the search mirror up to date and compile the query path's kernels now, not on
+    the first user's request (in the background: the server answers meanwhile)."""
+    t0 = time.perf_counter()
     try:
-        index.query(np.ones(index.config.dim), k=1, mode="lsh")
+        view = index.view()
+        index.query(np.ones(index.config.dim), k=1)
+        log.info("ready to search %d vectors (mirror and kernels warmed in %.1f s)", view.live,
+                 time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - a failed warm-up must not stop the server
-        log.warning("query warm-up failed: %s", exc)
-
-    def fill() -> None:
-        try:
-            log.info("cache warm-up: %d sketches loaded", index.warm())
-        except Exception as exc:  # noqa: BLE001 - the caches also fill on demand
-            log.warning("cache warm-up stopped: %s", exc)
-
-    threading.Thread(target=fill, name="gmmlsh-warm-up", daemon=True).start()
+        log.warning("warm-up stopped: %s", exc)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -143,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         log.info("index open: %s, %d vectors, dim %d", settings.safe_location,
                  await run_in_threadpool(index.count), index.config.dim)
-        await run_in_threadpool(_warm_up, index)
+        threading.Thread(target=_warm_up, args=(index,), name="gmmlsh-warm-up", daemon=True).start()
         app.state.index = index
         metrics.bind_index(index.count)
         try:

@@ -7,6 +7,7 @@ import hmac
 
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader
+
 from gmmlsh.index.index import Index
 from gmmlsh.service.errors import ApiError
 from gmmlsh.service.metrics import Metrics

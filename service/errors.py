@@ -1,7 +1,7 @@
 """One error shape for every failure, and the handlers that produce it.
 
 Every 4xx/5xx body is ``{"error": {"status", "code", "field", "message", "details"}}``
-(:class:`service.schemas.ErrorResponse`). Bad input is **422** whether pydantic
+(:class:`gmmlsh.service.schemas.ErrorResponse`). Bad input is **422** whether pydantic
 caught it (wrong type, malformed JSON, unknown mode) or :mod:`core.validate`
 did (wrong dimension, NaN/inf, all-zero vector, bad sparse indices), so a client
 has one code to handle. Submitted input is never echoed (a 422 for one bad
@@ -18,12 +18,13 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from gmmlsh.core.validate import VectorError
-from gmmlsh.index.index import UnknownIdError
-from gmmlsh.index.store.base import ConfigConflict, StoreError, StoreUnavailable
-from gmmlsh.service.schemas import UNION_TAGS, ErrorResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
+
+from gmmlsh.core.validate import VectorError
+from gmmlsh.index.index import UnknownIdError
+from gmmlsh.index.store.base import ConfigConflict, DiskFull, StoreError, StoreUnavailable
+from gmmlsh.service.schemas import UNION_TAGS, ErrorResponse
 
 log = logging.getLogger("gmmlsh.service")
 
@@ -43,6 +44,7 @@ _CODES = {
     422: "invalid_request",
     500: "internal_error",
     503: "unavailable",
+    507: "storage_full",
 }
 
 
@@ -157,6 +159,12 @@ async def _unavailable_handler(request: Request, exc: Exception) -> Response:
                           headers={"Retry-After": "1"})
 
 
+async def _full_handler(request: Request, exc: DiskFull) -> Response:
+    log.warning("index full on %s %s: %s", request.method, request.url.path, exc)
+    return error_response(507, "the index cannot take writes: its disk (LMDB) or memory (Redis) is full; "
+                          "nothing was written, reads go on, writes resume once space is freed")
+
+
 async def _conflict_handler(request: Request, exc: ConfigConflict) -> Response:
     return error_response(409, str(exc), field="config", code="config_conflict")
 
@@ -198,6 +206,7 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error_handler)
     app.add_exception_handler(VectorError, _vector_error_handler)
     app.add_exception_handler(UnknownIdError, _unknown_id_handler)
+    app.add_exception_handler(DiskFull, _full_handler)
     app.add_exception_handler(StoreUnavailable, _unavailable_handler)
     app.add_exception_handler(ConfigConflict, _conflict_handler)
     app.add_exception_handler(StoreError, _store_error_handler)
@@ -222,5 +231,6 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         422: "Invalid input: field and reason in error.field / error.message",
         500: "Internal error (no traceback; see the server log)",
         503: "The store (LMDB / Redis) cannot be reached",
+        507: "The store is full (disk or Redis memory): nothing was written",
     }
     return {c: {"model": ErrorResponse, "description": text.get(c, "Error")} for c in codes}

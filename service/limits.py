@@ -12,9 +12,10 @@ incomplete ``timeout`` seconds after the request started answers 408. (Slow
 from __future__ import annotations
 
 import anyio
-from gmmlsh.service.errors import error_response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gmmlsh.service.errors import error_response
 
 
 class BodyTooLarge(HTTPException):

@@ -4,31 +4,37 @@ Request bodies are parsed by :data:`UPSERT_BODY` / :data:`SEARCH_BODY`
 (``TypeAdapter.validate_json``: one pass from bytes, in a worker thread, so a
 64 MiB batch never blocks the event loop). Shape checks live here; the vector
 checks that need the index (dimension, finiteness, zero vectors, sparse index
-order) are :mod:`core.validate`'s, applied in :mod:`service.app`, so the API and
-the index refuse bad vectors with the same words.
+order) are the index's own, so the API and the library refuse bad vectors with
+the same words.
+
+A vector has one shape everywhere — insert, query, read-back: dense ``values``, or
+sparse ``indices`` + ``values``. An id is a string; a JSON integer is taken as its
+decimal string (the ids ``gmmlsh build`` gives are row numbers).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
-Mode = Literal["lsh", "exact", "nrff"]
-#: Largest id, in bytes of UTF-8: LMDB's key limit (511), so that an id the API accepts
-#: is storable on every backend (a 512-byte id passed validation and then failed in
-#: the LMDB store with a 500).
-MAX_ID_BYTES = 511
+from gmmlsh.index.search import MODES
+from gmmlsh.index.store.base import MAX_ID_BYTES
+
+Mode = Literal[MODES]
 
 
-def _id_bytes(v: str) -> str:
-    if len(v.encode("utf-8")) > MAX_ID_BYTES:
+def _as_id(v: Any) -> Any:
+    """A JSON integer id is its decimal string; the length limit is the store's, in bytes."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if isinstance(v, str) and len(v.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
         raise ValueError(f"ids are at most {MAX_ID_BYTES} bytes of UTF-8")
     return v
 
 
-Id = Annotated[str, Field(min_length=1, description=f"external id (1 to {MAX_ID_BYTES} bytes of UTF-8)"),
-               AfterValidator(_id_bytes)]
+Id = Annotated[str, BeforeValidator(_as_id),
+               Field(min_length=1, description=f"id: a string of 1 to {MAX_ID_BYTES} bytes of UTF-8, or an integer")]
 
 #: Tags of the tagged unions below; they appear in pydantic error locations and
 #: are stripped from the ``field`` reported to clients.
@@ -108,15 +114,14 @@ class QueryParams(_Strict):
     k: int | None = Field(None, ge=1, description="neighbours (default: default_k)")
     mode: Mode | None = Field(None, description="lsh (default), exact (brute force) or nrff")
     min_similarity: float | None = Field(None, ge=0.0, le=1.0)
-    candidates: int | None = Field(None, ge=1, description="rerank budget (lsh mode)")
-    bands: int | None = Field(None, ge=1, description="bands probed (lsh mode; default all)")
+    candidates: int | None = Field(None, ge=1, description="rerank budget: rows scored by exact GMM (lsh mode)")
+    probes: int | None = Field(None, ge=0, description="inverted lists scanned (lsh mode; 0: all)")
 
 
 class SearchQuery(QueryParams):
-    """Exactly one of: ``id`` (a stored vector), ``vector`` (dense), ``indices`` + ``values``."""
+    """Exactly one of: ``id`` (a stored vector), ``values`` (dense), ``indices`` + ``values`` (sparse)."""
 
     id: Id | None = None
-    vector: list[float] | None = None
     indices: list[Index] | None = None
     values: list[float] | None = None
 

@@ -3,28 +3,30 @@
 Environment variables are the one channel that reaches every uvicorn worker
 process (workers are spawned, not forked, and rebuild the app from the import
 string), so everything the app needs is a field here; :func:`Settings.to_env`
-turns a settings object back into that environment for :mod:`service.server`.
+turns a settings object back into that environment for :mod:`gmmlsh.service.server`.
 
-Index *creation* parameters (``dim``, ``bands``, ``rows``, ...) are used only when
-the index does not exist yet. An existing index always keeps its stored
-parameters, so serving an index built by ``gmmlsh build`` needs none of them.
-A new index needs ``dim``: without it the server refuses to start and says so
-(an index whose dimension is guessed from the first insert is a trap: one stray
-short vector would fix it for good).
+Index *creation* parameters (``dim``, ``samples``, ``bits``, ...) are used only when
+the index does not exist yet; unset, they take :class:`~gmmlsh.index.config.IndexConfig`'s
+defaults (the one place those are written). An existing index always keeps its
+stored parameters. A new index needs ``dim``: without it the server refuses to
+start and says so (a dimension guessed from the first insert is a trap: one stray
+short vector would fix it for good). Search parameters (``candidates``, ``probes``,
+...) override what the index tuned for itself.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-MiB = 1024 * 1024
+from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, IndexConfig, describe
 
-#: Settings that only matter for creating a new index.
-CREATION_FIELDS = ("dim", "bands", "rows", "bits", "seed", "t_bits", "nrff_k", "gamma", "storage")
+MiB = 1024 * 1024
+#: Search parameters an operator may fix for every query (see SearchParams).
+SEARCH_FIELDS = ("candidates", "probes", "shortlist", "rank_bits")
 
 
 class Settings(BaseSettings):
@@ -37,23 +39,29 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
     prefix: str = Field("gmmlsh", description="key prefix naming the index inside Redis")
 
-    # --- creation parameters (new index only) ------------------------------------
-    dim: int | None = Field(None, ge=1, description="dimension; required to create a new index")
-    bands: int = Field(64, ge=1)
-    rows: int = Field(4, ge=1)
-    bits: int = Field(8, ge=1, le=16)
-    seed: int = 0
-    t_bits: int = Field(0, ge=0, le=16)
-    nrff_k: int = Field(0, ge=0, description="NRFF features per vector (0: no nrff mode)")
-    gamma: float = Field(1.0, gt=0)
-    storage: Literal["dense", "sparse"] = "dense"
+    cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
+                                  "(default ~/.cache/gmmlsh)")
+
+    # --- creation parameters (new index only; unset: IndexConfig's defaults) -------------
+    dim: int | None = Field(None, ge=1, description=describe("dim"))
+    samples: int | None = Field(None, ge=1, description=describe("samples"))
+    bits: int | None = Field(None, ge=1, le=16, description=describe("bits"))
+    seed: int | None = Field(None, ge=0, description=describe("seed"))
+    t_bits: int | None = Field(None, ge=0, le=16, description=describe("t_bits"))
+    nrff_k: int | None = Field(None, ge=0, description=describe("nrff_k"))
+    gamma: float | None = Field(None, gt=0, description=describe("gamma"))
+
+    # --- search parameters (unset: what the index tuned for itself) ------------------------
+    candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES, description="rows scored by exact GMM per query")
+    probes: int | None = Field(None, ge=0, description="inverted lists scanned per query (0: all)")
+    shortlist: int | None = Field(None, ge=1, description="rows ranked on every sample per query")
+    rank_bits: int | None = Field(None, ge=1, le=16, description="bits per code in that ranking")
 
     # --- request limits -----------------------------------------------------------
     max_body_bytes: int = Field(64 * MiB, ge=1024, description="larger bodies get 413")
     max_batch: int = Field(10_000, ge=1, description="vectors or queries per request")
-    max_k: int = Field(1000, ge=1)
-    default_k: int = Field(10, ge=1)
-    max_candidates: int = Field(1_000_000, ge=1, description="cap on the rerank budget")
+    max_k: int = Field(MAX_K, ge=1, le=MAX_K)
+    default_k: int = Field(10, ge=1, le=MAX_K)
     max_metadata_bytes: int = Field(
         64 * 1024, ge=2, description="largest metadata of one vector, as JSON (it comes back with every hit)"
     )
@@ -72,9 +80,6 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     workers: int = Field(1, ge=1)
     threads: int = Field(8, ge=1, description="threads per worker process running index calls")
-    cache_bytes: int | None = Field(
-        None, ge=0, description="per-process vector cache for the rerank (default: the index's, 1 GiB)"
-    )
     log_level: str = "info"
     access_log: bool = Field(True, description="one log line per request (GET vectors make long lines)")
 
@@ -94,6 +99,15 @@ class Settings(BaseSettings):
     def _empty_is_none(cls, v: object) -> object:
         """``GMMLSH_REDIS_URL=`` (empty, as compose files often leave it) means unset."""
         return None if isinstance(v, str) and not v.strip() else v
+
+    def creation_config(self) -> IndexConfig:
+        """The configuration of a new index: the fields set here, IndexConfig's defaults for the rest."""
+        return IndexConfig(**{f: getattr(self, f) for f in CREATION_FIELDS if getattr(self, f) is not None})
+
+    @property
+    def search_overrides(self) -> dict:
+        """Search parameters fixed by the operator (they override the index's tuning)."""
+        return {f: getattr(self, f) for f in SEARCH_FIELDS if getattr(self, f) is not None}
 
     @property
     def location(self) -> str:

@@ -1,0 +1,7 @@
+"""``python -m gmmlsh.service.cli``: the ``gmmlsh`` command line without the console script."""
+
+import sys
+
+from gmmlsh.service.cli import main
+
+sys.exit(main())

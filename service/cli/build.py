@@ -1,0 +1,145 @@
+"""``gmmlsh build``: vector files → an index (LMDB or Redis)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from gmmlsh.service.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Formatter,
+    UsageError,
+    add_store,
+    describe_location,
+    location,
+    nonneg_int,
+    open_index,
+    open_options,
+    opt,
+    positive_int,
+)
+
+HELP = """\
+Build (or add to, or finish) an index from vector files.
+
+Reads .npy (memory-mapped), .npz, .csv/.tsv, .parquet, LIBSVM/svmlight (.svm,
+.svmlight, .libsvm; sparse, labels kept as metadata) and .fvecs/.bvecs/.ivecs;
+.gz text files too. Several inputs are read in order as one stream, in chunks
+(memory stays bounded whatever the file size), hashed on all cores and written
+one transaction per chunk, with a progress bar and a summary. At the end the
+index builds its search lists and tunes its search for the data.
+
+Ids are the row numbers ("0", "1", ... running on across inputs) unless --ids
+FILE (one id per line) or --id-column names them. A new index takes the
+parameters given (defaults shown below); an existing one keeps its own (giving
+different ones is an error).
+
+Safe to interrupt: Ctrl-C stops after the chunk being written (twice: at once),
+and a kill leaves only whole chunks. Run the same command again to finish:
+chunks already stored are skipped, nothing is duplicated or lost.
+"""
+
+EXAMPLE = """\
+Examples:
+  gmmlsh build train.npy --index ./idx
+  gmmlsh build data.svm --redis redis://localhost:6379/0 --prefix news
+  gmmlsh build part1.csv part2.csv --index ./idx --id-column id --label-column label
+  gmmlsh build base.fvecs --index ./idx --ids names.txt --samples 256
+"""
+
+
+def add(sub) -> None:
+    from gmmlsh.index.config import CREATION_FIELDS, describe
+
+    p = sub.add_parser("build", help="build an index from vector files", description=HELP, epilog=EXAMPLE,
+                       formatter_class=Formatter)
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="vector files, read in this order")
+    add_store(p)
+    g = p.add_argument_group("input")
+    opt(g, "--format", choices=("npy", "npz", "csv", "tsv", "parquet", "svmlight", "libsvm", "fvecs", "bvecs",
+                                "ivecs"), help="input format when the extension does not say")
+    opt(g, "--dim", type=positive_int, help="dimension (svmlight: skips a scan for it; others: checked)")
+    opt(g, "--ids", metavar="FILE", help="text file with one id per input row")
+    opt(g, "--id-column", metavar="COL", help="csv/parquet: column (name or 0-based position) holding the ids")
+    opt(g, "--label-column", metavar="COL", help="csv/parquet: column kept as metadata {\"label\": ...}")
+    opt(g, "--delimiter", metavar="CHAR", help="csv: field separator (default: ',' or tab, detected)")
+    hdr = g.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="header", action="store_const", const=True, default=None,
+                     help="csv: the first line is a header (default: detected)")
+    hdr.add_argument("--no-header", dest="header", action="store_const", const=False, help="csv: no header line")
+    opt(g, "--zero-based", nargs="?", const="yes", default="no", choices=("yes", "no", "auto"),
+        help="svmlight: feature indices start at 0 (default: at 1, as LIBSVM writes them; auto: scan)")
+    opt(g, "--npz-key", metavar="KEY", help="npz: array to read (default: the first)")
+    opt(g, "--npz-label-key", metavar="KEY", help="npz: array of per-row labels kept as metadata")
+    g = p.add_argument_group("index parameters (new index only)")
+    for name in CREATION_FIELDS:
+        if name != "dim":
+            opt(g, "--" + name.replace("_", "-"), type=float if name == "gamma" else nonneg_int, help=describe(name))
+    g = p.add_argument_group("run")
+    opt(g, "--chunk-rows", type=positive_int, help="rows per chunk / write transaction (default: ~32 MB)")
+    opt(g, "--overwrite", action="store_true", default=False,
+        help="write every chunk again, even those already stored (default: skip them)")
+    opt(g, "--skip-invalid", action="store_true", default=False,
+        help="leave out rows the index refuses (all-zero, NaN) instead of stopping")
+    prog = g.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_const", const=True, default=None,
+                      help="always show the progress bar (default: when stderr is a terminal)")
+    prog.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                      help="never show the progress bar")
+    opt(g, "--json", action="store_true", default=False, help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def zero_based(v: str) -> bool | str:
+    return {"yes": True, "no": False, "auto": "auto"}[v]
+
+
+def run(args) -> int:
+    from gmmlsh.index.config import CREATION_FIELDS, IndexConfig
+    from gmmlsh.index.index import Index
+    from gmmlsh.index.ingest.build import build
+    from gmmlsh.index.ingest.readers import open_reader
+
+    log = sys.stderr
+    kind, loc, prefix = location(args)
+    reader = open_reader(args.inputs, fmt=args.format, dim=args.dim, ids_file=args.ids, chunk_rows=args.chunk_rows,
+                         key=args.npz_key, label_key=args.npz_label_key, delimiter=args.delimiter, header=args.header,
+                         id_column=args.id_column, label_column=args.label_column,
+                         zero_based=zero_based(args.zero_based))
+    given = {k: getattr(args, k) for k in CREATION_FIELDS if k != "dim" and getattr(args, k) is not None}
+    index = open_index(args, must_exist=False, maintain=False)
+    if index is not None:
+        cfg = index.config
+        diffs = [f"{k.replace('_', '-')} {v!r} (index has {getattr(cfg, k)!r})" for k, v in given.items()
+                 if getattr(cfg, k) != v]
+        if args.dim is not None and args.dim != cfg.dim:
+            diffs.append(f"dim {args.dim} (index has {cfg.dim})")
+        if diffs:
+            index.close()
+            raise UsageError(f"the index at {describe_location(kind, loc, prefix)} exists with other parameters: "
+                             f"{'; '.join(diffs)}. Leave them out to add to it, or build into a new location")
+    else:
+        if reader.needs_scan():
+            print(f"scanning {', '.join(reader.paths)} for the dimension (give --dim to skip) ...", file=log,
+                  flush=True)
+            reader.scan()
+        try:
+            config = IndexConfig(dim=reader.dim, **given)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        index = Index.open(loc, config, create=True, maintain=False, **open_options(args))
+    with index:
+        summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
+                        on_invalid="skip" if args.skip_invalid else "error", log=log)
+        search = index.stats()["search"]
+    if args.json:
+        print(json.dumps({"index": describe_location(kind, loc, prefix), **summary.to_dict(), "search": search}))
+    else:
+        print(summary.describe())
+        if not summary.interrupted:
+            print("search: " + ("exact (cheaper than any sketch search at the target recall)" if search["exact"]
+                  else f"lists probed {search['probes'] or 'all'}, shortlist {search['shortlist']}, "
+                       f"rank on {search['rank_bits']} bits, rerank {search['candidates']}")
+                  + f"; tuned on {search['tuned_on']}")
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK

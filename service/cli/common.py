@@ -1,0 +1,128 @@
+"""What every command shares: options that read ``GMMLSH_*``, the index location, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+ENV = "GMMLSH_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class UsageError(Exception):
+    """A command used wrongly: exit code 2, one line."""
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str):
+        super().__init__(prog, max_help_position=34, width=100)
+
+
+def env_name(dest: str) -> str:
+    return ENV + dest.upper()
+
+
+def opt(p, *flags: str, dest: str | None = None, env: bool = True, help: str = "", **kw) -> argparse.Action:
+    """An option whose default comes from ``GMMLSH_<DEST>`` when that is set (argparse converts a
+    string default with the option's ``type``, so a bad environment value is reported like a bad
+    command-line value)."""
+    dest = dest or flags[0].lstrip("-").replace("-", "_")
+    if env:
+        name = env_name(dest)
+        raw = os.environ.get(name)
+        if kw.get("action") in ("store_true", "store_false"):
+            if raw is not None and raw.strip().lower() in _TRUE | _FALSE:
+                kw["default"] = raw.strip().lower() in _TRUE
+        elif raw is not None and raw != "":
+            kw["default"] = raw
+        help = f"{help} (env {name})" if help else f"(env {name})"
+    return p.add_argument(*flags, dest=dest, help=help, **kw)
+
+
+def int_at_least(low: int):
+    """An argparse type: a whole number ≥ ``low``, with a one-line error otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be ≥ {low}, got {v}")
+        return v
+
+    return parse
+
+
+positive_int = int_at_least(1)
+nonneg_int = int_at_least(0)
+
+
+def add_store(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("index location (one of)")
+    g.add_argument("--index", metavar="DIR", help=f"LMDB index directory (env {ENV}INDEX)")
+    g.add_argument("--redis", dest="redis_url", metavar="URL",
+                   help=f"Redis URL, e.g. redis://localhost:6379/0 (env {ENV}REDIS_URL)")
+    opt(g, "--prefix", metavar="NAME", default="gmmlsh", help="name of the index inside Redis (default gmmlsh)")
+    opt(g, "--cache-dir", metavar="DIR", help="where a Redis index's search mirror lives on this machine "
+        "(default ~/.cache/gmmlsh)")
+
+
+def location(args) -> tuple[str, str, str]:
+    """(kind, location, prefix) from --index / --redis, falling back to the environment
+    (where Redis wins, as in the server's settings)."""
+    if args.index and args.redis_url:
+        raise UsageError("give either --index DIR or --redis URL, not both")
+    if args.redis_url:
+        return "redis", args.redis_url, args.prefix
+    if args.index:
+        return "lmdb", args.index, args.prefix
+    env_redis, env_index = os.environ.get(env_name("redis_url")), os.environ.get(env_name("index"))
+    if env_redis:
+        return "redis", env_redis, args.prefix
+    if env_index:
+        return "lmdb", env_index, args.prefix
+    raise UsageError(f"where is the index? give --index DIR or --redis URL (or set {ENV}INDEX / {ENV}REDIS_URL)")
+
+
+def describe_location(kind: str, loc: str, prefix: str) -> str:
+    if kind == "lmdb":
+        return f"{loc} (LMDB)"
+    masked = re.sub(r"//([^:/@]*):([^@]*)@", r"//\1:***@", loc)
+    return f"{masked} prefix {prefix!r} (Redis)"
+
+
+def open_options(args) -> dict:
+    kind, _, prefix = location(args)
+    opts: dict = {"prefix": prefix}
+    if kind == "redis" and getattr(args, "cache_dir", None):
+        opts["cache_dir"] = args.cache_dir
+    return opts
+
+
+def open_index(args, *, must_exist: bool = True, **kw):
+    """The index named by the arguments, or None (``must_exist=False``) when there is none."""
+    from gmmlsh.index.index import Index
+
+    kind, loc, prefix = location(args)
+    try:
+        return Index.open(loc, None, create=False, **open_options(args), **kw)
+    except FileNotFoundError:
+        if not must_exist:
+            return None
+        raise UsageError(f"no index at {describe_location(kind, loc, prefix)}; create one with "
+                         "'gmmlsh build INPUT --index DIR' (or --redis URL)") from None
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"

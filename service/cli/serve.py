@@ -1,0 +1,58 @@
+"""``gmmlsh serve``: the REST API under uvicorn."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gmmlsh.service.cli.common import EXIT_OK, Formatter, UsageError, add_store, env_name, location, positive_int
+
+HELP = """\
+Serve an index over HTTP (FastAPI under uvicorn; interactive docs at /docs).
+
+The index is the one `gmmlsh build` wrote, LMDB or Redis, used unchanged. To
+start with an empty index, set GMMLSH_DIM (and optionally GMMLSH_SAMPLES,
+GMMLSH_BITS, ...: see the README's settings) and serve a new location. Every
+worker process opens the index itself; with Redis, any number of servers (on
+any machines) can share one index.
+"""
+
+EXAMPLE = """\
+Examples:
+  gmmlsh serve --index ./idx --port 8000
+  GMMLSH_DIM=784 gmmlsh serve --index ./new-idx          # an empty index
+  gmmlsh serve --redis redis://redis:6379/0 --prefix news --host 0.0.0.0 --workers 4
+"""
+
+
+def add(sub) -> None:
+    p = sub.add_parser("serve", help="serve an index over HTTP", description=HELP, epilog=EXAMPLE,
+                       formatter_class=Formatter)
+    add_store(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", help="address to listen on (env GMMLSH_HOST; default 127.0.0.1)")
+    g.add_argument("--port", type=int, help="port (env GMMLSH_PORT; default 8000)")
+    g.add_argument("--workers", type=positive_int, help="worker processes (env GMMLSH_WORKERS; default 1)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pydantic import ValidationError
+
+    from gmmlsh.service.server import serve
+    from gmmlsh.service.settings import Settings
+
+    kind, loc, prefix = location(args)
+    if kind == "lmdb" and not (Path(loc) / "data.mdb").exists() and not os.environ.get(env_name("dim")):
+        raise UsageError(f"no index at {loc}; build one with 'gmmlsh build INPUT --index {loc}', or set "
+                         "GMMLSH_DIM to create an empty one")
+    where = {"index": str(Path(loc).resolve()), "redis_url": None} if kind == "lmdb" else {"redis_url": loc}
+    if args.cache_dir:
+        where["cache_dir"] = args.cache_dir
+    try:
+        settings = Settings(prefix=prefix, **where)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UsageError(f"settings: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    serve(settings, host=args.host, port=args.port, workers=args.workers)
+    return EXIT_OK

@@ -1,0 +1,203 @@
+"""``/neighbors``: nearest neighbours of a stored vector, or of vectors given in the query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from gmmlsh.core.validate import VectorError, check_dense, check_sparse
+from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.index.search import QueryResult
+from gmmlsh.service.deps import get_index, get_metrics, get_settings
+from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
+from gmmlsh.service.metrics import Metrics
+from gmmlsh.service.parsing import located, parse_body, reprefix
+from gmmlsh.service.schemas import (
+    SEARCH_BODY,
+    Mode,
+    NeighborsResponse,
+    QueryParams,
+    SearchBatch,
+    SearchBatchResponse,
+    SearchQuery,
+)
+from gmmlsh.service.settings import Settings
+
+router = APIRouter(tags=["neighbors"])
+IndexDep = Annotated[Index, Depends(get_index)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+_EXAMPLES = {
+    "dense": {"value": {"values": [0.5, -1.0, 0.0, 2.0], "k": 5}},
+    "sparse": {"value": {"indices": [0, 3], "values": [1.0, 0.25], "mode": "exact"}},
+    "batch": {"value": {"k": 3, "queries": [{"id": "a"}, {"values": [1, 2, 3, 4]}]}},
+}
+
+
+@router.get(
+    "/neighbors", response_model=NeighborsResponse,
+    summary="Neighbours of a stored vector (id) or of a dense vector given in the URL",
+    description="Give exactly one of `id` (the vector itself is left out of its neighbours) or `values` "
+    "(comma-separated numbers). A vector in the query string is limited by the server's request-line size "
+    "(about 16 KiB with uvicorn's h11: a few thousand numbers): for longer or sparse vectors, or batches, "
+    "use `POST /neighbors/search`.",
+    responses=responses(401, 404, 422, 500, 503),
+)
+async def neighbors(
+    index: IndexDep, settings: SettingsDep, metrics: MetricsDep,
+    id: Annotated[str | None, Query(min_length=1, max_length=512, description="id of a stored vector")] = None,
+    values: Annotated[str | None, Query(description="dense query, e.g. 0.1,0,-2.5,...")] = None,
+    k: Annotated[int | None, Query(ge=1, description="neighbours (≤ max_k)")] = None,
+    mode: Annotated[Mode | None, Query(description="lsh (default), exact, nrff")] = None,
+    min_similarity: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
+    candidates: Annotated[int | None, Query(ge=1, description="rerank budget (lsh)")] = None,
+    probes: Annotated[int | None, Query(ge=0, description="inverted lists scanned (lsh; 0: all)")] = None,
+) -> Response:
+    params = QueryParams.model_construct(k=k, mode=mode, min_similarity=min_similarity, candidates=candidates,
+                                         probes=probes)
+    out, r = await run_in_threadpool(neighbors_get, index, settings, params, id, values)
+    metrics.candidates.labels(r.mode).observe(r.candidates)
+    return ORJSONResponse(out)
+
+
+@router.post(
+    "/neighbors/search", response_model=NeighborsResponse | SearchBatchResponse,
+    summary="Neighbours of queries given in the body (one, or a batch)",
+    description="One query — `{\"id\": ...}`, `{\"values\": [...]}` (dense) or `{\"indices\": [...], "
+    "\"values\": [...]}` (sparse), plus optional `k`, `mode`, `min_similarity`, `candidates`, `probes` — "
+    "answers a NeighborsResponse; `{\"queries\": [...]}` (knobs at the top apply to every query unless "
+    "one overrides them) answers `{\"results\": [...]}` in the same order.",
+    responses=responses(401, 404, 408, 413, 422, 500, 503),
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/SearchRequest"}, "examples": _EXAMPLES}}}},
+)
+async def search(request: Request, index: IndexDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+    out, results = await run_in_threadpool(search_body, index, settings, await request.body())
+    for r in results:
+        metrics.candidates.labels(r.mode).observe(r.candidates)
+    return ORJSONResponse(out)
+
+
+# --- the blocking work ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Knobs:
+    k: int
+    mode: str
+    min_similarity: float
+    candidates: int | None
+    probes: int | None
+
+    def kwargs(self) -> dict:
+        return {"k": self.k, "mode": self.mode, "min_similarity": self.min_similarity,
+                "candidates": self.candidates, "probes": self.probes}
+
+
+def resolve_knobs(index: Index, settings: Settings, q: QueryParams, base: QueryParams | None = None,
+                  prefix: str = "") -> Knobs:
+    """Per-query value, else the batch's, else the server default; the service's own limits."""
+
+    def pick(name: str) -> Any:
+        v = getattr(q, name)
+        return getattr(base, name) if v is None and base is not None else v
+
+    k = pick("k") or settings.default_k
+    if k > settings.max_k:
+        raise ApiError(422, f"k={k} is over the limit of {settings.max_k} (max_k)", field=prefix + "k")
+    mode = pick("mode") or "lsh"
+    if mode == "nrff" and not index.config.nrff_k:
+        raise ApiError(422, "this index stores no NRFF features (created with nrff_k=0)", field=prefix + "mode")
+    ms = pick("min_similarity")
+    return Knobs(int(k), mode, float(ms) if ms is not None else 0.0, pick("candidates"), pick("probes"))
+
+
+def query_target(index: Index, q: SearchQuery, prefix: str = "") -> tuple[str, Any]:
+    """``("id", id)`` or ``("vector", dense | (indices, values))``; its shape checked here."""
+    if q.id is not None and (q.values is not None or q.indices is not None):
+        raise ApiError(422, "give exactly one of id, values (dense), or indices + values (sparse)",
+                       field=prefix + "id")
+    if q.id is not None:
+        return "id", q.id
+    if q.values is None:
+        raise ApiError(422, "indices without values" if q.indices is not None else
+                       "give exactly one of id, values (dense), or indices + values (sparse)",
+                       field=prefix + ("values" if q.indices is not None else "id"))
+    dim = index.config.dim
+    try:
+        if q.indices is None:
+            return "vector", check_dense(q.values, dim, field="values")
+        return "vector", check_sparse(q.indices, q.values, dim, field="indices")
+    except VectorError as exc:
+        raise reprefix(exc, prefix) from None
+
+
+def run_query(index: Index, kind: str, target: Any, knobs: Knobs, prefix: str = "") -> QueryResult:
+    try:
+        if kind == "id":
+            return index.query(id=target, **knobs.kwargs())
+        return index.query(target, **knobs.kwargs())
+    except UnknownIdError:
+        raise ApiError(404, f"no vector with id {target!r}", field=prefix + "id") from None
+    except VectorError as exc:
+        raise reprefix(exc, prefix) from None
+
+
+def result_dict(r: QueryResult) -> dict:
+    return {"mode": r.mode, "k": r.k, "candidates": int(r.candidates),
+            "neighbors": [{"id": n.id, "similarity": float(n.similarity), "metadata": n.metadata}
+                          for n in r.neighbors]}
+
+
+def _dense_param(text: str) -> list[float]:
+    """``values=0.1,0.2,...`` → floats (NaN/inf pass here, refused later)."""
+    parts = text.replace(" ", "").split(",")
+    out = []
+    for i, p in enumerate(parts):
+        try:
+            out.append(float(p))
+        except ValueError:
+            raise ApiError(422, f"position {i} is not a number; values is a comma-separated list of numbers",
+                           field="values") from None
+    return out
+
+
+def neighbors_get(index: Index, settings: Settings, params: QueryParams, ext_id: str | None,
+                  values: str | None) -> tuple[dict, QueryResult]:
+    try:
+        q = SearchQuery(id=ext_id, values=_dense_param(values) if values is not None else None)
+    except ValidationError as exc:  # e.g. an id under 512 characters but over 511 bytes
+        raise RequestValidationError(located(exc, "query")) from None
+    kind, target = query_target(index, q)
+    r = run_query(index, kind, target, resolve_knobs(index, settings, params))
+    return result_dict(r), r
+
+
+def search_body(index: Index, settings: Settings, body: bytes) -> tuple[dict, list[QueryResult]]:
+    parsed = parse_body(SEARCH_BODY, body)
+    if not isinstance(parsed, SearchBatch):
+        kind, target = query_target(index, parsed)
+        r = run_query(index, kind, target, resolve_knobs(index, settings, parsed))
+        return result_dict(r), [r]
+    if len(parsed.queries) > settings.max_batch:
+        raise ApiError(413, f"{len(parsed.queries)} queries in one request; the limit is {settings.max_batch} "
+                       "(max_batch)", field="queries")
+    resolved = []
+    for i, q in enumerate(parsed.queries):
+        prefix = f"queries[{i}]."
+        kind, target = query_target(index, q, prefix)
+        resolved.append((kind, target, resolve_knobs(index, settings, q, parsed, prefix), prefix))
+    if len(resolved) > 1 and len({r[2] for r in resolved}) == 1 and \
+            all(kind == "vector" and isinstance(t, np.ndarray) for kind, t, _, _ in resolved):
+        results = index.query_batch(np.stack([t for _, t, _, _ in resolved]), **resolved[0][2].kwargs())
+    else:
+        results = [run_query(index, kind, t, kn, p) for kind, t, kn, p in resolved]
+    return {"results": [result_dict(r) for r in results]}, results

@@ -1,0 +1,59 @@
+"""Operations: ``/health`` (open to all), ``/stats`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from gmmlsh.index.index import Index
+from gmmlsh.service.deps import get_index, get_metrics, get_settings
+from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
+from gmmlsh.service.metrics import Metrics
+from gmmlsh.service.schemas import HealthResponse, StatsResponse
+from gmmlsh.service.settings import Settings
+
+#: Seconds /health waits for the store before answering 503.
+HEALTH_TIMEOUT = 5.0
+
+public = APIRouter(tags=["ops"])
+router = APIRouter(tags=["ops"])
+IndexDep = Annotated[Index, Depends(get_index)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+
+@public.get("/health", response_model=HealthResponse, summary="Liveness and store reachability (no API key needed)",
+            responses=responses(500, 503))
+async def health(index: IndexDep, settings: SettingsDep) -> Response:
+    try:
+        with anyio.fail_after(HEALTH_TIMEOUT):
+            # abandon_on_cancel: a hung store must not hang the probe too.
+            await anyio.to_thread.run_sync(index.ping, abandon_on_cancel=True)
+    except TimeoutError:
+        raise ApiError(503, f"the store did not answer within {HEALTH_TIMEOUT:g} s") from None
+    return ORJSONResponse({"status": "ok", "backend": settings.backend})
+
+
+@router.get("/stats", response_model=StatsResponse, summary="Index size, parameters, search and store facts",
+            responses=responses(401, 500, 503))
+async def stats(index: IndexDep, settings: SettingsDep) -> Response:
+    def collect() -> dict:
+        out = {"backend": settings.backend, **index.stats()}
+        out["store"] = {k: v for k, v in out["store"].items() if k != "path"}  # no server paths in answers
+        out["mirror"] = {k: v for k, v in out["mirror"].items() if k != "path"}
+        out["service"] = {"max_k": settings.max_k, "default_k": settings.default_k, "max_batch": settings.max_batch,
+                          "max_body_bytes": settings.max_body_bytes, "auth": settings.api_key is not None}
+        return out
+
+    return ORJSONResponse(await run_in_threadpool(collect))
+
+
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics (text exposition format)",
+            responses={200: {"content": {"text/plain": {}}}, **responses(401, 500)})
+async def metrics_endpoint(metrics: MetricsDep) -> Response:
+    data, content_type = await run_in_threadpool(metrics.render)
+    return Response(data, media_type=content_type)

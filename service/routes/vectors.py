@@ -1,0 +1,178 @@
+"""``/vectors``: insert or replace, read back, delete."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import numpy as np
+import orjson
+import scipy.sparse as sp
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.responses import Response
+
+from gmmlsh.core.validate import DimensionError, VectorError, check_sparse
+from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.service.deps import get_index, get_metrics, get_settings
+from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
+from gmmlsh.service.metrics import Metrics
+from gmmlsh.service.parsing import parse_body, reprefix, request_field
+from gmmlsh.service.schemas import UPSERT_BODY, DeleteResponse, UpsertResponse, VectorBatch, VectorIn, VectorOut
+from gmmlsh.service.settings import Settings
+
+
+class _AnyPath(Convertor):
+    """Starlette's ``path`` convertor, matching newlines too: an id the API stores
+    (``"a\\nb"`` is valid JSON) must be addressable as ``/vectors/a%0Ab``."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("anypath", _AnyPath())
+
+router = APIRouter(tags=["vectors"])
+IndexDep = Annotated[Index, Depends(get_index)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+_EXAMPLES = {
+    "batch": {"value": {"vectors": [
+        {"id": "a", "values": [0.5, -1.0, 0.0, 2.0], "metadata": {"label": 3}},
+        {"id": "b", "indices": [0, 3], "values": [1.0, 0.25]}]}},
+    "single": {"value": {"id": "c", "values": [0.1, 0.2, 0.3, 0.4]}},
+}
+
+
+@router.post(
+    "/vectors", response_model=UpsertResponse,
+    summary="Insert or replace vectors (one, or a batch)",
+    description="Upsert by id: an existing id is replaced. A batch is validated as a whole first and "
+    "written atomically: if any vector is bad (wrong dimension, NaN/inf, all zeros, unsorted/duplicate/"
+    "out-of-range indices) nothing is written and the 422 names it (e.g. `vectors[3].indices`). Dense "
+    "vectors give `values`; sparse ones `indices` (strictly increasing) + `values`.",
+    responses=responses(401, 408, 413, 422, 500, 503, 507),
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/UpsertRequest"}, "examples": _EXAMPLES}}}},
+)
+async def upsert_vectors(request: Request, index: IndexDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
+    out = await run_in_threadpool(upsert, index, settings, await request.body())
+    metrics.upserted.inc(out["upserted"])
+    return ORJSONResponse(out)
+
+
+@router.get("/vectors/{id:anypath}", response_model=VectorOut, summary="Read a stored vector back",
+            description="In the shape it was given in: dense `values`, or sparse `indices` + `values` "
+            "(float32, the stored precision).", responses=responses(401, 404, 422, 500, 503))
+async def get_vector(id: str, index: IndexDep) -> Response:
+    return ORJSONResponse(await run_in_threadpool(read_back, index, id))
+
+
+@router.delete("/vectors/{id:anypath}", response_model=DeleteResponse,
+               summary="Delete a vector everywhere (404 if unknown)", responses=responses(401, 404, 422, 500, 503))
+async def delete_vector(id: str, index: IndexDep, metrics: MetricsDep) -> Response:
+    out = await run_in_threadpool(delete, index, id)
+    metrics.deleted.inc(out["deleted"])
+    return ORJSONResponse(out)
+
+
+# --- the blocking work --------------------------------------------------------------------
+
+
+def upsert(index: Index, settings: Settings, body: bytes) -> dict:
+    parsed = parse_body(UPSERT_BODY, body)
+    batch = isinstance(parsed, VectorBatch)
+    vectors = parsed.vectors if batch else [parsed]
+
+    def where(i: int) -> str:
+        return f"vectors[{i}]." if batch else ""
+
+    if len(vectors) > settings.max_batch:
+        raise ApiError(413, f"{len(vectors)} vectors in one request; the limit is {settings.max_batch} (max_batch)",
+                       field="vectors")
+    for i, v in enumerate(vectors):
+        if v.metadata is not None:
+            _check_metadata(v.metadata, settings.max_metadata_bytes, f"{where(i)}metadata")
+    dim = index.config.dim
+    X = _dense_rows(vectors, dim, where) if all(v.indices is None for v in vectors) else \
+        _sparse_rows(vectors, dim, where)
+    meta = [v.metadata for v in vectors]
+    try:
+        n = index.upsert([v.id for v in vectors], X, meta if any(m is not None for m in meta) else None)
+    except VectorError as exc:
+        raise type(exc)(request_field(exc.field, batch), exc.reason) from None
+    return {"upserted": int(n), "count": int(index.count())}
+
+
+def _dense_rows(vectors: list[VectorIn], dim: int, where) -> np.ndarray:
+    """All-dense batch as one matrix; a ragged list is named before numpy sees it."""
+    for i, v in enumerate(vectors):
+        if len(v.values) != dim:
+            raise DimensionError(f"{where(i)}values", f"expected {dim} values, got {len(v.values)}")
+    return np.array([v.values for v in vectors], dtype=np.float64).reshape(len(vectors), dim)
+
+
+def _sparse_rows(vectors: list[VectorIn], dim: int, where) -> sp.csr_matrix:
+    """A batch with sparse rows as CSR. Sparse rows' structure (sorted, distinct, in range,
+    paired with values) is checked here: a CSR matrix cannot say the client sent it wrong."""
+    indptr = np.zeros(len(vectors) + 1, dtype=np.int64)
+    cols, data = [], []
+    for i, v in enumerate(vectors):
+        try:
+            if v.indices is None:
+                if len(v.values) != dim:
+                    raise DimensionError("values", f"expected {dim} values, got {len(v.values)}")
+                val = np.asarray(v.values, dtype=np.float64)
+                idx = np.flatnonzero(val)
+                val = val[idx]
+            else:
+                idx, val = check_sparse(v.indices, v.values, dim, field="indices")
+        except VectorError as exc:
+            raise reprefix(exc, where(i)) from None
+        cols.append(idx)
+        data.append(val)
+        indptr[i + 1] = indptr[i] + idx.size
+    return sp.csr_matrix((np.concatenate(data), np.concatenate(cols), indptr), shape=(len(vectors), dim))
+
+
+def _check_metadata(meta: dict, limit: int, field: str) -> None:
+    """Metadata comes back with every hit, so its size is capped; NaN/Infinity (which the
+    body parser lets through) would be stored as null: refused instead."""
+    try:
+        size = len(orjson.dumps(meta))
+    except TypeError as exc:  # e.g. an integer beyond 64 bits
+        raise ApiError(422, f"not storable as JSON ({exc})", field=field) from None
+    if size > limit:
+        raise ApiError(422, f"{size} bytes as JSON; the limit is {limit} (max_metadata_bytes)", field=field)
+    stack: list[Any] = [meta]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            raise ApiError(422, f"{x} is not a JSON number", field=field)
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+
+
+def read_back(index: Index, ext_id: str) -> dict:
+    sv = index.get(ext_id)
+    out: dict[str, Any] = {"id": sv.id}
+    if sv.indices is not None:
+        out["indices"] = np.ascontiguousarray(sv.indices)
+    out["values"] = np.ascontiguousarray(sv.values)
+    out["metadata"] = sv.metadata
+    return out
+
+
+def delete(index: Index, ext_id: str) -> dict:
+    if index.delete([ext_id]) == 0:
+        raise UnknownIdError(ext_id)
+    return {"deleted": 1, "count": int(index.count())}
