@@ -17,9 +17,9 @@ short vector would fix it for good). Search parameters (``candidates``, ``probes
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, get_type_hints
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, IndexConfig, describe
@@ -29,8 +29,23 @@ MiB = 1024 * 1024
 SEARCH_FIELDS = ("candidates", "probes", "shortlist", "rank_bits")
 
 
-class Settings(BaseSettings):
-    """Everything the server needs; each field ``x`` is also env var ``GMMLSH_X``."""
+def _creation_settings() -> type[BaseSettings]:
+    """A settings base with one optional field per :data:`CREATION_FIELDS` entry, typed as
+    :class:`IndexConfig` types it and described by :func:`describe` (which shows the real
+    default). Generated, so a creation parameter added to or renamed in IndexConfig is a
+    setting (and ``GMMLSH_*`` variable) at once; its bounds are IndexConfig's own checks
+    (see ``Settings._creation_valid``)."""
+    hints = get_type_hints(IndexConfig)
+    fields = {name: (hints[name] | None, Field(None, description=describe(name))) for name in CREATION_FIELDS}
+    return create_model("CreationSettings", __base__=BaseSettings, **fields)
+
+
+class Settings(_creation_settings()):
+    """Everything the server needs; each field ``x`` is also env var ``GMMLSH_X``.
+
+    Creation fields (``dim``, ``samples``, ...: :data:`CREATION_FIELDS`) come from the
+    generated base; unset, a new index takes IndexConfig's defaults.
+    """
 
     model_config = SettingsConfigDict(env_prefix="GMMLSH_", extra="ignore")
 
@@ -41,15 +56,6 @@ class Settings(BaseSettings):
 
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
                                   "(default ~/.cache/gmmlsh)")
-
-    # --- creation parameters (new index only; unset: IndexConfig's defaults) -------------
-    dim: int | None = Field(None, ge=1, description=describe("dim"))
-    samples: int | None = Field(None, ge=1, description=describe("samples"))
-    bits: int | None = Field(None, ge=1, le=16, description=describe("bits"))
-    seed: int | None = Field(None, ge=0, description=describe("seed"))
-    t_bits: int | None = Field(None, ge=0, le=16, description=describe("t_bits"))
-    nrff_k: int | None = Field(None, ge=0, description=describe("nrff_k"))
-    gamma: float | None = Field(None, gt=0, description=describe("gamma"))
 
     # --- search parameters (unset: what the index tuned for itself) ------------------------
     candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES, description="rows scored by exact GMM per query")
@@ -100,9 +106,26 @@ class Settings(BaseSettings):
         """``GMMLSH_REDIS_URL=`` (empty, as compose files often leave it) means unset."""
         return None if isinstance(v, str) and not v.strip() else v
 
+    @model_validator(mode="after")
+    def _creation_valid(self) -> Settings:
+        """Creation parameters are checked by IndexConfig (the one place their bounds live), so a
+        bad ``GMMLSH_BITS`` stops the server at start with IndexConfig's words, not at first use.
+        Without ``dim`` the others are checked against a stand-in dimension."""
+        given = self.creation_given
+        if given:
+            IndexConfig(**{"dim": 1, **given})
+        if self.default_k > self.max_k:
+            raise ValueError(f"default_k ({self.default_k}) is over max_k ({self.max_k})")
+        return self
+
+    @property
+    def creation_given(self) -> dict:
+        """The creation parameters set here (environment or arguments)."""
+        return {f: getattr(self, f) for f in CREATION_FIELDS if getattr(self, f) is not None}
+
     def creation_config(self) -> IndexConfig:
         """The configuration of a new index: the fields set here, IndexConfig's defaults for the rest."""
-        return IndexConfig(**{f: getattr(self, f) for f in CREATION_FIELDS if getattr(self, f) is not None})
+        return IndexConfig(**self.creation_given)
 
     @property
     def search_overrides(self) -> dict:

@@ -15,6 +15,7 @@ from gmmlsh.service.cli.common import (
     UsageError,
     add_store,
     describe_location,
+    describe_search,
     human_bytes,
     location,
     open_index,
@@ -61,19 +62,16 @@ def info(args) -> int:
     rows = [
         ("index", describe_location(kind, loc, prefix)),
         ("vectors", f"{stats['count']:,}"),
-        ("size", f"store {human_bytes(store_bytes)}, search mirror {human_bytes(mirror['disk_bytes'])}"),
+        ("store", f"{human_bytes(store_bytes)}" + (" (the whole Redis server)" if kind == "redis" else "")),
         ("dimension", f"{cfg['dim']:,}"),
         ("sketch", f"{cfg['samples']} samples, {cfg['bits']} bits each"
                    + (f", t_bits {cfg['t_bits']}" if cfg.get("t_bits") else "") + f", seed {cfg['seed']}"),
         ("nrff", f"{cfg['nrff_k']} features, γ = {cfg['gamma']}" if cfg.get("nrff_k") else "off"),
         ("centre", "none" if cfg.get("center") is None else f"{len(cfg['center'])} values"),
-        ("lists", f"{mirror['lists']:,} over {mirror['listed_rows']:,} rows, {mirror['tail_rows']:,} rows not "
-                  "listed yet"),
-        ("search", ("exact (cheaper than any sketch search at the target recall)" if search["exact"] else
-                    f"probe {search['probes'] or 'all'} lists, shortlist {search['shortlist']}, rank on "
-                    f"{search['rank_bits']} bits, rerank {search['candidates']}")
-                   + f"; tuned at {search['tuned_at_rows']:,} vectors on {search['tuned_on']}"
-                   + (f"; overridden: {search['overrides']}" if search["overrides"] else "")),
+        ("mirror", f"{mirror['rows']:,} rows on this machine, {human_bytes(mirror['disk_bytes'])}; "
+                   f"{mirror['lists']:,} lists over {mirror['listed_rows']:,} rows, {mirror['tail_rows']:,} rows not "
+                   "listed yet"),
+        ("search", describe_search(search)),
         ("format", f"version {cfg.get('format_version')}, generator {cfg.get('generator_version')}"),
     ]
     for k, v in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import get_type_hints
 
 from gmmlsh.service.cli.common import (
     EXIT_INTERRUPTED,
@@ -12,12 +13,13 @@ from gmmlsh.service.cli.common import (
     UsageError,
     add_store,
     describe_location,
+    describe_search,
     location,
-    nonneg_int,
     open_index,
     open_options,
     opt,
     positive_int,
+    whole_number,
 )
 
 HELP = """\
@@ -50,7 +52,7 @@ Examples:
 
 
 def add(sub) -> None:
-    from gmmlsh.index.config import CREATION_FIELDS, describe
+    from gmmlsh.index.config import CREATION_FIELDS, IndexConfig, describe
 
     p = sub.add_parser("build", help="build an index from vector files", description=HELP, epilog=EXAMPLE,
                        formatter_class=Formatter)
@@ -73,9 +75,11 @@ def add(sub) -> None:
     opt(g, "--npz-key", metavar="KEY", help="npz: array to read (default: the first)")
     opt(g, "--npz-label-key", metavar="KEY", help="npz: array of per-row labels kept as metadata")
     g = p.add_argument_group("index parameters (new index only)")
+    types = get_type_hints(IndexConfig)
     for name in CREATION_FIELDS:
         if name != "dim":
-            opt(g, "--" + name.replace("_", "-"), type=float if name == "gamma" else nonneg_int, help=describe(name))
+            opt(g, "--" + name.replace("_", "-"), type=whole_number if types[name] is int else float,
+                metavar=name.upper(), help=describe(name))
     g = p.add_argument_group("run")
     opt(g, "--chunk-rows", type=positive_int, help="rows per chunk / write transaction (default: ~32 MB)")
     opt(g, "--overwrite", action="store_true", default=False,
@@ -138,8 +142,5 @@ def run(args) -> int:
     else:
         print(summary.describe())
         if not summary.interrupted:
-            print("search: " + ("exact (cheaper than any sketch search at the target recall)" if search["exact"]
-                  else f"lists probed {search['probes'] or 'all'}, shortlist {search['shortlist']}, "
-                       f"rank on {search['rank_bits']} bits, rerank {search['candidates']}")
-                  + f"; tuned on {search['tuned_on']}")
+            print("search: " + describe_search(search))
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK

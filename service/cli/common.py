@@ -61,6 +61,14 @@ positive_int = int_at_least(1)
 nonneg_int = int_at_least(0)
 
 
+def whole_number(text: str) -> int:
+    """An argparse type: any whole number (its bounds are checked where they are defined)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
 def add_store(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("index location (one of)")
     g.add_argument("--index", metavar="DIR", help=f"LMDB index directory (env {ENV}INDEX)")
@@ -115,6 +123,22 @@ def open_index(args, *, must_exist: bool = True, **kw):
             return None
         raise UsageError(f"no index at {describe_location(kind, loc, prefix)}; create one with "
                          "'gmmlsh build INPUT --index DIR' (or --redis URL)") from None
+
+
+def describe_search(search: dict) -> str:
+    """One line on the search an index uses (``Index.stats()["search"]``) and where it comes from."""
+    if search["exact"]:
+        how = "exact (cheaper than any sketch search at the target recall)"
+    else:
+        how = (f"probe {search['probes'] or 'all'} lists, shortlist {search['shortlist']}, "
+               f"rank on {search['rank_bits']} bits, rerank {search['candidates']}")
+    if search["tuned_at_rows"]:
+        how += f"; tuned at {search['tuned_at_rows']:,} vectors on {search['tuned_on']}"
+    else:
+        how += "; defaults (not tuned yet: too few vectors)"
+    if search.get("overrides"):
+        how += f"; overridden: {search['overrides']}"
+    return how
 
 
 def human_bytes(n: int | None) -> str:

@@ -53,6 +53,8 @@ def run(args) -> int:
         settings = Settings(prefix=prefix, **where)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise UsageError(f"settings: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        where = ".".join(map(str, first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        raise UsageError(f"settings: {where + ': ' if where else ''}{message}") from None
     serve(settings, host=args.host, port=args.port, workers=args.workers)
     return EXIT_OK
