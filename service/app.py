@@ -24,7 +24,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
-import numpy as np
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
@@ -97,17 +96,17 @@ def _is_missing(exc: Exception) -> bool:
     return isinstance(exc, (FileNotFoundError, LookupError, ValueError))
 
 
-def _warm_up(index: Index) -> None:
-    """Bring the search mirror up to date and compile the query path's kernels now, not on
-    the first user's request (in the background: the server answers meanwhile)."""
+def _bring_mirror_up_to_date(index: Index) -> None:
+    """Sync this machine's search mirror with the store now (a fresh Redis replica, or an
+    index written since the mirror was last used, has rows to copy), in the background so
+    the server answers meanwhile; a query arriving first syncs what it needs itself."""
     t0 = time.perf_counter()
     try:
         view = index.view()
-        index.query(np.ones(index.config.dim), k=1)
-        log.info("ready to search %d vectors (mirror and kernels warmed in %.1f s)", view.live,
-                 time.perf_counter() - t0)
-    except Exception as exc:  # noqa: BLE001 - a failed warm-up must not stop the server
-        log.warning("warm-up stopped: %s", exc)
+    except Exception as exc:  # noqa: BLE001 - the first query retries; the server must start
+        log.warning("search mirror not brought up to date at start: %s", exc)
+        return
+    log.info("search mirror up to date: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -130,7 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         log.info("index open: %s, %d vectors, dim %d", settings.safe_location,
                  await run_in_threadpool(index.count), index.config.dim)
-        threading.Thread(target=_warm_up, args=(index,), name="gmmlsh-warm-up", daemon=True).start()
+        threading.Thread(target=_bring_mirror_up_to_date, args=(index,), name="gmmlsh-mirror-sync", daemon=True).start()
         app.state.index = index
         metrics.bind_index(index.count)
         try:

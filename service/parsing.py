@@ -12,8 +12,6 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 
-from gmmlsh.core.validate import VectorError
-
 
 def parse_body(adapter: TypeAdapter, body: bytes) -> Any:
     """Bytes → model in one pass; errors become the usual 422 (input never echoed)."""
@@ -33,29 +31,18 @@ def located(exc: ValidationError, where: str) -> list[dict]:
     return errors
 
 
-def reprefix(exc: VectorError, prefix: str) -> VectorError:
-    """The index names a field as the library sees it (``vectors[3]``, ``vector``); name it
-    as the client sent it (``vectors[3].values``, ``queries[1].values``)."""
-    field = exc.field
-    if field.startswith("vectors[") and "]" in field and not prefix:
-        return type(exc)(field + ".values", exc.reason)
-    if field in ("vector", "vectors[0]"):
-        field = "values"
-    if prefix and not field.startswith(prefix):
-        field = prefix + field
-    return type(exc)(field, exc.reason)
-
-
 _ROW_FIELD = re.compile(r"^(vectors|ids|metadata)\[(\d+)\](.*)$")
 _ATTR = {"vectors": "values", "ids": "id", "metadata": "metadata"}
 
 
-def request_field(field: str, batch: bool) -> str:
-    """An index field of a write (``vectors[3]``, ``ids[3]``, ``metadata[3]``) as the request
-    names it: ``vectors[3].values`` in a batch, ``values`` for a single vector."""
+def request_field(field: str, batch: bool, rows: list[int] | None = None) -> str:
+    """An index field of a write (``vectors[3]``, ``ids[3]``, ``metadata[3]``, ``vectors[3].indices``)
+    as the request names it: ``vectors[3].values`` in a batch, ``values`` for a single vector.
+    ``rows``: the request position of each row the index was given (when given a part)."""
     m = _ROW_FIELD.match(field)
     if m is None:
         return field
     kind, row, rest = m.groups()
-    name = _ATTR[kind] + rest
-    return f"vectors[{row}].{name}" if batch else name
+    name = rest[1:] if kind == "vectors" and rest.startswith(".") else _ATTR[kind] + rest
+    pos = rows[int(row)] if rows is not None else int(row)
+    return f"vectors[{pos}].{name}" if batch else name

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter, WithJsonSchema
 
 from gmmlsh.index.search import MODES
 from gmmlsh.index.store.base import MAX_ID_BYTES
@@ -33,8 +33,10 @@ def _as_id(v: Any) -> Any:
     return v
 
 
-Id = Annotated[str, BeforeValidator(_as_id),
-               Field(min_length=1, description=f"id: a string of 1 to {MAX_ID_BYTES} bytes of UTF-8, or an integer")]
+_ID_HELP = f"a string of 1 to {MAX_ID_BYTES} bytes of UTF-8, or an integer (taken as its decimal string)"
+Id = Annotated[str, BeforeValidator(_as_id), Field(min_length=1, description=_ID_HELP),
+               WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}],
+                               "description": _ID_HELP})]
 
 #: Tags of the tagged unions below; they appear in pydantic error locations and
 #: are stripped from the ``field`` reported to clients.
@@ -163,11 +165,18 @@ class HealthResponse(BaseModel):
 
 
 class StatsResponse(BaseModel):
+    """``Index.stats()`` (server file paths left out) and the service's own limits."""
+
     model_config = ConfigDict(extra="allow")
 
-    count: int
-    backend: str
-    config: dict[str, Any]
+    count: int = Field(description="vectors in the index")
+    backend: Literal["lmdb", "redis"]
+    pid: int = Field(description="the worker process that answered")
+    config: dict[str, Any] = Field(description="the index's creation parameters (fixed when it was created)")
+    search: dict[str, Any] = Field(description="the search in use: tuned, with the operator's overrides")
+    mirror: dict[str, Any] = Field(description="this machine's search mirror: rows, lists, disk use")
+    store: dict[str, Any] = Field(description="the store (Redis URL with its password masked)")
+    service: dict[str, Any] = Field(description="this server's request limits")
 
 
 # --- errors -------------------------------------------------------------------------

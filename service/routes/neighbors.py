@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -12,13 +13,14 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from gmmlsh.core.validate import VectorError, check_dense, check_sparse
+from gmmlsh.core.validate import NonFiniteError, VectorError, ZeroVectorError
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.search import QueryResult
+from gmmlsh.index.store.base import MAX_ID_BYTES
 from gmmlsh.service.deps import get_index, get_metrics, get_settings
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
 from gmmlsh.service.metrics import Metrics
-from gmmlsh.service.parsing import located, parse_body, reprefix
+from gmmlsh.service.parsing import located, parse_body
 from gmmlsh.service.schemas import (
     SEARCH_BODY,
     Mode,
@@ -53,7 +55,7 @@ _EXAMPLES = {
 )
 async def neighbors(
     index: IndexDep, settings: SettingsDep, metrics: MetricsDep,
-    id: Annotated[str | None, Query(min_length=1, max_length=512, description="id of a stored vector")] = None,
+    id: Annotated[str | None, Query(min_length=1, max_length=MAX_ID_BYTES, description="id of a stored vector")] = None,
     values: Annotated[str | None, Query(description="dense query, e.g. 0.1,0,-2.5,...")] = None,
     k: Annotated[int | None, Query(ge=1, description="neighbours (≤ max_k)")] = None,
     mode: Annotated[Mode | None, Query(description="lsh (default), exact, nrff")] = None,
@@ -102,9 +104,9 @@ class Knobs:
                 "candidates": self.candidates, "probes": self.probes}
 
 
-def resolve_knobs(index: Index, settings: Settings, q: QueryParams, base: QueryParams | None = None,
-                  prefix: str = "") -> Knobs:
-    """Per-query value, else the batch's, else the server default; the service's own limits."""
+def resolve_knobs(settings: Settings, q: QueryParams, base: QueryParams | None = None, prefix: str = "") -> Knobs:
+    """Per-query value, else the batch's, else the server default; the service's own limit on k.
+    Everything else about the knobs is the index's to check (its errors name the field)."""
 
     def pick(name: str) -> Any:
         v = getattr(q, name)
@@ -113,42 +115,60 @@ def resolve_knobs(index: Index, settings: Settings, q: QueryParams, base: QueryP
     k = pick("k") or settings.default_k
     if k > settings.max_k:
         raise ApiError(422, f"k={k} is over the limit of {settings.max_k} (max_k)", field=prefix + "k")
-    mode = pick("mode") or "lsh"
-    if mode == "nrff" and not index.config.nrff_k:
-        raise ApiError(422, "this index stores no NRFF features (created with nrff_k=0)", field=prefix + "mode")
     ms = pick("min_similarity")
-    return Knobs(int(k), mode, float(ms) if ms is not None else 0.0, pick("candidates"), pick("probes"))
+    return Knobs(int(k), pick("mode") or "lsh", float(ms) if ms is not None else 0.0, pick("candidates"),
+                 pick("probes"))
 
 
-def query_target(index: Index, q: SearchQuery, prefix: str = "") -> tuple[str, Any]:
-    """``("id", id)`` or ``("vector", dense | (indices, values))``; its shape checked here."""
+@dataclass(frozen=True)
+class Target:
+    """What a query asks about: a stored ``id``, or a vector (dense array, or sparse
+    ``(indices, values)``) as the client sent it; the index validates it."""
+
+    id: str | None = None
+    vector: Any = None
+
+    @property
+    def sparse(self) -> bool:
+        return isinstance(self.vector, tuple)
+
+
+def query_target(q: SearchQuery, prefix: str = "") -> Target:
+    """The one thing a query names (exactly one of id, dense values, sparse indices + values)."""
     if q.id is not None and (q.values is not None or q.indices is not None):
         raise ApiError(422, "give exactly one of id, values (dense), or indices + values (sparse)",
                        field=prefix + "id")
     if q.id is not None:
-        return "id", q.id
+        return Target(id=q.id)
     if q.values is None:
         raise ApiError(422, "indices without values" if q.indices is not None else
                        "give exactly one of id, values (dense), or indices + values (sparse)",
                        field=prefix + ("values" if q.indices is not None else "id"))
-    dim = index.config.dim
-    try:
-        if q.indices is None:
-            return "vector", check_dense(q.values, dim, field="values")
-        return "vector", check_sparse(q.indices, q.values, dim, field="indices")
-    except VectorError as exc:
-        raise reprefix(exc, prefix) from None
+    values = np.asarray(q.values, dtype=np.float64)
+    return Target(vector=(np.asarray(q.indices, dtype=np.int64), values) if q.indices is not None else values)
 
 
-def run_query(index: Index, kind: str, target: Any, knobs: Knobs, prefix: str = "") -> QueryResult:
+_VECTOR_FIELD = re.compile(r"^vectors?(\[(\d+)\])?$")
+
+
+def client_field(exc: VectorError, prefix: str = "", sparse: bool = False) -> VectorError:
+    """The index names a query's vector ``vector`` (``vectors[i]`` in a batch); name it as the
+    client sent it: ``values``, or ``indices`` for the structure of a sparse vector."""
+    field = exc.field
+    if _VECTOR_FIELD.match(field):
+        field = "indices" if sparse and not isinstance(exc, NonFiniteError | ZeroVectorError) else "values"
+    return type(exc)(prefix + field, exc.reason)
+
+
+def run_query(index: Index, target: Target, knobs: Knobs, prefix: str = "") -> QueryResult:
     try:
-        if kind == "id":
-            return index.query(id=target, **knobs.kwargs())
-        return index.query(target, **knobs.kwargs())
+        if target.id is not None:
+            return index.query(id=target.id, **knobs.kwargs())
+        return index.query(target.vector, **knobs.kwargs())
     except UnknownIdError:
-        raise ApiError(404, f"no vector with id {target!r}", field=prefix + "id") from None
+        raise ApiError(404, f"no vector with id {target.id!r}", field=prefix + "id") from None
     except VectorError as exc:
-        raise reprefix(exc, prefix) from None
+        raise client_field(exc, prefix, target.sparse) from None
 
 
 def result_dict(r: QueryResult) -> dict:
@@ -174,30 +194,36 @@ def neighbors_get(index: Index, settings: Settings, params: QueryParams, ext_id:
                   values: str | None) -> tuple[dict, QueryResult]:
     try:
         q = SearchQuery(id=ext_id, values=_dense_param(values) if values is not None else None)
-    except ValidationError as exc:  # e.g. an id under 512 characters but over 511 bytes
+    except ValidationError as exc:  # e.g. an id under MAX_ID_BYTES characters but over MAX_ID_BYTES bytes
         raise RequestValidationError(located(exc, "query")) from None
-    kind, target = query_target(index, q)
-    r = run_query(index, kind, target, resolve_knobs(index, settings, params))
+    r = run_query(index, query_target(q), resolve_knobs(settings, params))
     return result_dict(r), r
 
 
 def search_body(index: Index, settings: Settings, body: bytes) -> tuple[dict, list[QueryResult]]:
     parsed = parse_body(SEARCH_BODY, body)
     if not isinstance(parsed, SearchBatch):
-        kind, target = query_target(index, parsed)
-        r = run_query(index, kind, target, resolve_knobs(index, settings, parsed))
+        r = run_query(index, query_target(parsed), resolve_knobs(settings, parsed))
         return result_dict(r), [r]
     if len(parsed.queries) > settings.max_batch:
         raise ApiError(413, f"{len(parsed.queries)} queries in one request; the limit is {settings.max_batch} "
                        "(max_batch)", field="queries")
-    resolved = []
-    for i, q in enumerate(parsed.queries):
-        prefix = f"queries[{i}]."
-        kind, target = query_target(index, q, prefix)
-        resolved.append((kind, target, resolve_knobs(index, settings, q, parsed, prefix), prefix))
-    if len(resolved) > 1 and len({r[2] for r in resolved}) == 1 and \
-            all(kind == "vector" and isinstance(t, np.ndarray) for kind, t, _, _ in resolved):
-        results = index.query_batch(np.stack([t for _, t, _, _ in resolved]), **resolved[0][2].kwargs())
-    else:
-        results = [run_query(index, kind, t, kn, p) for kind, t, kn, p in resolved]
+    prefixes = [f"queries[{i}]." for i in range(len(parsed.queries))]
+    targets = [query_target(q, p) for q, p in zip(parsed.queries, prefixes, strict=True)]
+    knobs = [resolve_knobs(settings, q, parsed, p) for q, p in zip(parsed.queries, prefixes, strict=True)]
+    results = _answer_batch(index, targets, knobs, prefixes)
     return {"results": [result_dict(r) for r in results]}, results
+
+
+def _answer_batch(index: Index, targets: list[Target], knobs: list[Knobs], prefixes: list[str]) -> list[QueryResult]:
+    """Dense queries of one length with the same knobs go to the index as one ``query_batch``
+    (answered together, in parallel); any other batch is answered query by query."""
+    dim = index.config.dim
+    if len(targets) > 1 and len(set(knobs)) == 1 and all(
+            t.id is None and not t.sparse and t.vector.shape == (dim,) for t in targets):
+        try:
+            return index.query_batch(np.stack([t.vector for t in targets]), **knobs[0].kwargs())
+        except VectorError as exc:
+            m = _VECTOR_FIELD.match(exc.field)
+            raise client_field(exc, prefixes[int(m.group(2))] if m and m.group(2) else "") from None
+    return [run_query(index, t, kn, p) for t, kn, p in zip(targets, knobs, prefixes, strict=True)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import anyio
@@ -42,7 +43,8 @@ async def health(index: IndexDep, settings: SettingsDep) -> Response:
             responses=responses(401, 500, 503))
 async def stats(index: IndexDep, settings: SettingsDep) -> Response:
     def collect() -> dict:
-        out = {"backend": settings.backend, **index.stats()}
+        # pid: which worker process answered (each keeps its own connection and counters).
+        out = {"backend": settings.backend, "pid": os.getpid(), **_index_stats(index)}
         out["store"] = {k: v for k, v in out["store"].items() if k != "path"}  # no server paths in answers
         out["mirror"] = {k: v for k, v in out["mirror"].items() if k != "path"}
         out["service"] = {"max_k": settings.max_k, "default_k": settings.default_k, "max_batch": settings.max_batch,
@@ -50,6 +52,18 @@ async def stats(index: IndexDep, settings: SettingsDep) -> Response:
         return out
 
     return ORJSONResponse(await run_in_threadpool(collect))
+
+
+def _index_stats(index: Index, attempts: int = 3) -> dict:
+    """``index.stats()``; it sums the mirror's file sizes, and a file that upkeep (another
+    thread or process) replaces between listing and measuring is gone: measure again."""
+    for attempt in range(attempts):
+        try:
+            return index.stats()
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (text exposition format)",
