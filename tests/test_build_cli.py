@@ -25,16 +25,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from redis_fixtures import redis_url  # noqa: F401  (session fixture)
+
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.ingest.build import build, invalid_rows
 from gmmlsh.index.ingest.readers import InputFormatError, open_reader
 from gmmlsh.service.cli import main
-from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = ["build", "serve", "query", "info", "check", "bench", "snapshot"]
-SMALL = ["--bands", "16", "--rows", "4"]  # k = 64: quick to hash, plenty for the checks here
+SMALL = ["--samples", "64"]  # quick to hash, plenty for the checks here
+#: One search for every index compared (each tunes its own, timing its candidates): all lists, fixed budgets.
+FIXED = {"probes": 0, "shortlist": 500, "rank_bits": 8, "candidates": 200}
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -68,24 +71,24 @@ def write_svm(path: Path, X, labels, fmt=lambda v: str(int(v))) -> None:
 
 def snapshot(location: str, **kw) -> dict[str, bytes]:
     """external id → stored sketch bytes, for every vector of an index."""
-    with Index.open(location, None, create=False, **kw) as ix:
+    with Index.open(location, None, create=False, maintain=False, **kw) as ix:
         out: dict[str, bytes] = {}
-        for iids, blobs in ix.store.scan("sketch"):
-            for name, blob in zip(ix.store.external_ids(iids), blobs, strict=True):
+        for ids, iids in ix.store.scan_ids():
+            for name, blob in zip(ids, ix.store.read(iids, ["sketch"])["sketch"], strict=True):
                 out[name] = bytes(blob)
         return out
 
 
 def answers(location: str, queries, ids=(), k: int = 10, **kw) -> list:
-    """(id, similarity) lists of LSH and exact queries by vector and by stored id."""
+    """(id, similarity) lists of LSH and exact queries by vector and by stored id, under :data:`FIXED`."""
     out = []
-    with Index.open(location, None, create=False, **kw) as ix:
+    with Index.open(location, None, create=False, maintain=False, search=FIXED, **kw) as ix:
         for q in queries:
             for mode in ("lsh", "exact"):
-                r = ix.query(q, k=k, mode=mode)
+                r = ix.query(q, k=k, mode=mode, candidates=FIXED["candidates"])
                 out.append([(n.id, n.similarity) for n in r.neighbors])
         for i in ids:
-            r = ix.query(id=i, k=k)
+            r = ix.query(id=i, k=k, candidates=FIXED["candidates"])
             out.append([(n.id, n.similarity) for n in r.neighbors])
     return out
 
@@ -125,8 +128,10 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--redis", "redis://x")
     assert r.returncode == 2 and "not both" in r.stderr
-    r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--bands", "zero")
-    assert r.returncode == 2 and "--bands" in r.stderr
+    r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--samples", "zero")
+    assert r.returncode == 2 and "--samples" in r.stderr
+    r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--bits", "17")  # IndexConfig's bounds
+    assert r.returncode == 2 and "bits: must be between 1 and 16" in r.stderr and count(str(tmp_path / "i")) == 0
     r = run_cli("query", "--index", tmp_path / "none", "--id", "1")
     assert r.returncode == 2 and "no index at" in r.stderr and "Traceback" not in r.stderr
 
@@ -136,7 +141,7 @@ def test_malformed_input_names_file_and_line_without_traceback(tmp_path):
     bad.write_text("1 1:1 2:2\n" * 16 + "1 x3:1\n")
     r = run_cli("build", bad, "--index", tmp_path / "i", "--dim", "4", "--no-progress")
     assert r.returncode == 2, r.stderr
-    assert "data.svm:17: index 'x3' is not an integer" in r.stderr
+    assert "data.svm:17: " in r.stderr and "'x3'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "Traceback" not in r.stderr
     r = run_cli("--debug", "build", bad, "--index", tmp_path / "i2", "--dim", "4", "--no-progress")
     assert r.returncode != 0 and "Traceback" in r.stderr
@@ -163,8 +168,8 @@ def test_existing_index_keeps_its_parameters(tmp_path, capsys):
     np.save(tmp_path / "x.npy", X)
     idx = tmp_path / "i"
     assert cli(capsys, "build", tmp_path / "x.npy", "--index", idx, *SMALL, "--no-progress")[0] == 0
-    code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--bands", "8", "--no-progress")
-    assert code == 2 and "exists with other parameters: bands 8 (index has 16)" in err
+    code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--samples", "32", "--no-progress")
+    assert code == 2 and "exists with other parameters: samples 32 (index has 64)" in err
     code, out, _ = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--no-progress", "--json")
     assert code == 0 and json.loads(out)["skipped"] == 50
     code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--no-progress", "--dim", "9")
@@ -175,13 +180,14 @@ def test_environment_supplies_defaults(tmp_path, monkeypatch, capsys):
     X = np.random.default_rng(1).random((40, 6)) + 0.1
     np.save(tmp_path / "x.npy", X)
     monkeypatch.setenv("GMMLSH_INDEX", str(tmp_path / "envidx"))
-    monkeypatch.setenv("GMMLSH_BANDS", "8")
-    monkeypatch.setenv("GMMLSH_ROWS", "2")
+    monkeypatch.setenv("GMMLSH_SAMPLES", "32")
+    monkeypatch.setenv("GMMLSH_BITS", "4")
     code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--no-progress")
     assert code == 0, err
     code, out, _ = cli(capsys, "info", "--json")
     info = json.loads(out)
-    assert (info["count"], info["config"]["bands"], info["config"]["rows"]) == (40, 8, 2)
+    assert (info["count"], info["config"]["samples"], info["config"]["bits"]) == (40, 32, 4)
+    assert info["config"]["seed"] == IndexConfig.__dataclass_fields__["seed"].default  # unset: IndexConfig's
     monkeypatch.setenv("GMMLSH_CHUNK_ROWS", "-3")
     with pytest.raises(SystemExit) as ei:
         main(["build", str(tmp_path / "x.npy")])
@@ -193,33 +199,41 @@ def test_check_and_bench_hooks(tmp_path, capsys):
     np.save(tmp_path / "x.npy", X)
     assert cli(capsys, "build", tmp_path / "x.npy", "--index", tmp_path / "i", *SMALL, "--no-progress")[0] == 0
     code, out, err = cli(capsys, "check", "--index", tmp_path / "i")
-    if hasattr(Index, "check"):
-        assert code == 0 and "OK" in out, out + err
-        code, out, err = cli(capsys, "check", "--index", tmp_path / "i", "--json")
-        assert code == 0 and json.loads(out)["ok"] is True and json.loads(out)["vectors"] == 30
-    else:
-        assert code == 2 and "not implemented yet" in err
+    assert code == 0 and "30 vectors, 30 ids, 30 mirror rows: OK" in out, out + err
+    code, out, err = cli(capsys, "check", "--index", tmp_path / "i", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"] is True and (report["vectors"], report["problems"]) == (30, {})
     code, out, _ = cli(capsys, "bench", "--list")
     assert code == 0
+    code, _, err = cli(capsys, "bench", "no-such-benchmark")
+    assert code == 2 and "no benchmark 'no-such-benchmark'" in err
 
 
-def test_ids_file_inline_vector_info_and_plan(tmp_path, fm, capsys):
+def test_ids_file_inline_vector_info_and_tuned_search(tmp_path, fm, capsys):
     X, y, Q = fm
     np.save(tmp_path / "f.npy", X[:1000])
     (tmp_path / "ids.txt").write_text("".join(f"img-{i}\n" for i in range(1000)))
     idx = tmp_path / "idx"
     code, out, err = cli(capsys, "build", tmp_path / "f.npy", "--index", idx, "--ids", tmp_path / "ids.txt",
-                         "--plan", "--plan-sample", "600", "--target-recall", "0.8", "--no-progress")
+                         "--no-progress")
     assert code == 0, err
-    assert "plan:" in err and "1,000 vectors written" in out
+    assert "1,000 vectors written" in out and "search: " in out and "on stored vectors" in out
     with Index.open(str(idx), None, create=False) as ix:
         assert ix.contains("img-999") and not ix.contains("999")
-        assert "candidates" in ix.config.extra and ix.config.extra["plan"]["bands"] == ix.config.bands
+        tuned = ix.stats()["search"]
     code, out, _ = cli(capsys, "info", "--index", idx)
-    assert code == 0 and "vectors    1,000" in out and "bands" in out and "rerank" in out
+    assert code == 0 and "vectors    1,000" in out and "512 samples" in out and "rerank" in out
+    assert f"tuned at 1,000 vectors on {tuned['tuned_on']}" in out and "rows not listed yet" in out
+    code, out, _ = cli(capsys, "info", "--index", idx, "--json")
+    info = json.loads(out)
+    assert info["search"]["tuned_at_rows"] == 1000 and info["mirror"]["rows"] == 1000
+    assert info["config"]["samples"] == 512  # IndexConfig's default
     code, out, _ = cli(capsys, "query", "--index", idx, "--vector", ",".join(str(int(v)) for v in X[5]),
                        "-k", "1", "--mode", "exact", "--json")
     assert code == 0 and json.loads(out)["neighbors"][0] == {"id": "img-5", "similarity": 1.0, "metadata": None}
+    code, out, _ = cli(capsys, "query", "--index", idx, "--id", "img-5", "-k", "3", "--probes", "1",
+                       "--candidates", "20", "--json")
+    assert code == 0 and json.loads(out)["mode"] == "lsh" and len(json.loads(out)["neighbors"]) == 3
     code, _, err = cli(capsys, "query", "--index", idx, "--vector", "1,2,3")
     assert code == 2 and "expected 784 values" in err
 
@@ -231,11 +245,11 @@ def test_build_streams_chunks_and_resumes(tmp_path):
     rng = np.random.default_rng(3)
     X = rng.random((1000, 16)) + 0.01
     np.save(tmp_path / "x.npy", X)
-    cfg = IndexConfig(dim=16, bands=8, rows=2)
+    cfg = IndexConfig(dim=16, samples=64)
     with Index.open(str(tmp_path / "i"), cfg) as ix:
         s = build(ix, open_reader(tmp_path / "x.npy"), chunk_rows=128, progress=False)
         assert (s.rows, s.vectors, s.skipped, s.count) == (1000, 1000, 0, 1000)
-        assert s.index_bytes and s.index_bytes > 0 and s.vectors_per_s > 0
+        assert s.index_bytes and s.index_bytes > 0 and s.vectors_per_s > 0 and s.upkeep is not None
         s = build(ix, open_reader(tmp_path / "x.npy"), chunk_rows=128, progress=False)
         assert (s.vectors, s.skipped) == (0, 1000)
         # a changed input is written again, not skipped
@@ -272,7 +286,7 @@ def test_hashing_ahead_keeps_input_order_and_stops_at_the_bad_chunk(backend, tmp
         return ix.get(ids[i]).values
 
     _, loc, kw = _target(backend, tmp_path, request)
-    cfg = IndexConfig(dim=6, bands=4, rows=2)
+    cfg = IndexConfig(dim=6, samples=16)
     with Index.open(loc, cfg, **kw) as ix:
         s = build(ix, reader(), progress=False)
         assert (s.rows, s.vectors, s.count) == (40, 40, 38)
@@ -297,7 +311,8 @@ def test_fmnist_as_npy_csv_svmlight_builds_identical_indexes(tmp_path, fm, capsy
     np.savetxt(tmp_path / "f.csv", X, fmt="%d", delimiter=",")
     write_svm(tmp_path / "f.svm", X, y)
     locs = {}
-    for name, extra in [("f.npy", []), ("f.csv", []), ("f.svm", ["--dim", "784"]), ("f.svm", ["--storage", "dense"])]:
+    for name, extra in [("f.npy", []), ("f.csv", []), ("f.svm", ["--dim", "784"]),
+                        ("f.svm", ["--dim", "784", "--chunk-rows", "700"])]:
         loc = str(tmp_path / f"idx-{name}-{len(extra)}-{extra[-1] if extra else ''}")
         code, out, err = cli(capsys, "build", tmp_path / name, "--index", loc, "--no-progress", "--json", *extra)
         assert code == 0, err
@@ -312,7 +327,7 @@ def test_fmnist_as_npy_csv_svmlight_builds_identical_indexes(tmp_path, fm, capsy
     for r in results[1:]:
         assert r == results[0]
     with Index.open(locs[("f.svm", ("--dim", "784"))], None, create=False) as ix:
-        assert ix.config.storage == "sparse" and ix.get("3").metadata == {"label": int(y[3])}
+        assert ix.get("3").metadata == {"label": int(y[3])}
 
 
 # --- acceptance 2: a wide LIBSVM file -----------------------------------------------------------
@@ -337,7 +352,7 @@ def test_libsvm_with_55000_plus_features_builds_and_answers(tmp_path, capsys):
     assert s["count"] == n
     with Index.open(str(idx), None, create=False) as ix:
         dim = ix.config.dim
-        assert dim >= 55000 and ix.config.storage == "sparse"
+        assert dim >= 55000 and ix.get("3").indices is not None  # given sparse, stored sparse
     # a vector from the file finds itself first, exactly
     code, out, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "wide.libsvm", "--row", "123",
                          "-k", "3", "--json")
@@ -450,7 +465,7 @@ def _peak_rss_of(proc: subprocess.Popen, every: float = 0.02) -> int:
 
 @pytest.mark.slow
 def test_peak_rss_building_from_a_2gb_npy_stays_under_600mb(tmp_path):
-    """2 GiB float32 .npy (524,288 × 1,024; 16 nonzeros per row so hashing is quick), 8 × 2 bands, sparse storage."""
+    """2 GiB float32 .npy (524,288 × 1,024; 16 nonzeros per row so hashing is quick, and stored sparse), 16 samples."""
     rows, dim, nnz = 524_288, 1024, 16
     need = rows * dim * 4
     if shutil.disk_usage(tmp_path).free < need + (3 << 30):
@@ -459,7 +474,7 @@ def test_peak_rss_building_from_a_2gb_npy_stays_under_600mb(tmp_path):
     _write_big_npy(path, rows, dim, nnz)
     assert path.stat().st_size >= 2 << 30
     cmd = [sys.executable, "-m", "gmmlsh.service.cli", "build", str(path), "--index", str(tmp_path / "idx"),
-           "--bands", "8", "--rows", "2", "--storage", "sparse", "--no-progress", "--json"]
+           "--samples", "16", "--no-progress", "--json"]
     with open(tmp_path / "out", "wb") as fo, open(tmp_path / "err", "wb") as fe:
         proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=fo, stderr=fe)
     peak = _peak_rss_of(proc)

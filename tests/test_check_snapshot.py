@@ -23,7 +23,6 @@ from test_crash import record
 
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
-from gmmlsh.index.store.lmdb import LmdbStore
 from gmmlsh.service.cli import main
 
 DIM = 24

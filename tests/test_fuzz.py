@@ -34,15 +34,17 @@ import numpy as np
 import pytest
 import schemathesis
 import scipy.sparse as sp
-from gmmlsh.core.validate import VectorError, check_batch, check_dense, check_sparse
-from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index
-from gmmlsh.service.app import create_app
-from gmmlsh.service.settings import Settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from test_crash import ServerProc, record
+
+from gmmlsh.core.validate import VectorError, check_batch, check_dense, check_sparse
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+from gmmlsh.index.records import decode_vector
+from gmmlsh.service.app import create_app
+from gmmlsh.service.settings import Settings
 
 EXAMPLES = int(os.environ.get("GMMLSH_FUZZ_EXAMPLES", "100"))
 STATEFUL = int(os.environ.get("GMMLSH_FUZZ_STATEFUL", "40"))
@@ -50,9 +52,9 @@ KEY = "fuzz-key-0123"
 HEADERS = {"X-API-Key": KEY}
 DIM = 4
 #: The server's settings, as environment variables and as the object the document is built from.
-ENV = {"GMMLSH_DIM": str(DIM), "GMMLSH_BANDS": "4", "GMMLSH_ROWS": "2", "GMMLSH_MAX_BODY_BYTES": "65536",
+ENV = {"GMMLSH_DIM": str(DIM), "GMMLSH_SAMPLES": "16", "GMMLSH_MAX_BODY_BYTES": "65536",
        "GMMLSH_MAX_BATCH": "50", "GMMLSH_MAX_K": "100", "GMMLSH_API_KEY": KEY}
-SETTINGS = Settings(index="/nonexistent", dim=DIM, bands=4, rows=2, max_body_bytes=65536, max_batch=50, max_k=100,
+SETTINGS = Settings(index="/nonexistent", dim=DIM, samples=16, max_body_bytes=65536, max_batch=50, max_k=100,
                     api_key=KEY)
 DOCUMENT = create_app(SETTINGS).openapi()
 schema = schemathesis.openapi.from_dict(DOCUMENT)
@@ -198,12 +200,20 @@ _vectors = st.lists(st.one_of(st.just(0.0), st.floats(-1e3, 1e3, allow_subnormal
 
 @pytest.fixture(scope="module")
 def local_index(tmp_path_factory) -> Iterator[Index]:
-    ix = Index.open(str(tmp_path_factory.mktemp("eq") / "idx"), IndexConfig(dim=DIM * 3, bands=8, rows=2))
+    ix = Index.open(str(tmp_path_factory.mktemp("eq") / "idx"), IndexConfig(dim=DIM * 3, samples=64))
     yield ix
     ix.close()
 
 
 _fresh = iter(range(10**9))
+
+
+def _dense(indices, values) -> np.ndarray:
+    if indices is None:
+        return values
+    out = np.zeros(DIM * 3, np.float32)
+    out[indices] = values
+    return out
 
 
 @given(values=_vectors)
@@ -218,11 +228,11 @@ def test_index_dense_and_sparse_are_one_vector(local_index, values):
     ix.upsert([s], sp.csr_matrix(x[None, :]))  # CSR input into a dense index
     ix.upsert([d2, s2], sp.csr_matrix(np.stack([x, x])).toarray())
     for a, b in ((d, s), (d, d2), (s, s2)):
-        ia, ib = ix.store.lookup([a, b])
-        va, vb = (ix.store.fetch(np.array([i]), "vector")[0] for i in (ia, ib))
-        assert va[:8] == vb[:8]  # the stored L1 norm, bit for bit
-        assert np.array_equal(np.frombuffer(va[8:], np.float32), np.frombuffer(vb[8:], np.float32))  # -0.0 == 0.0
-        assert ix.store.fetch(np.array([ia]), "sketch") == ix.store.fetch(np.array([ib]), "sketch")
+        rec = ix.store.read(ix.store.lookup([a, b]), ["vector", "sketch"])
+        (na, _, ia, va), (nb, _, ib, vb) = (decode_vector(v) for v in rec["vector"])
+        assert na == nb  # the stored L1 norm, bit for bit
+        assert np.array_equal(_dense(ia, va), _dense(ib, vb))  # the same values, whatever shape they came in
+        assert rec["sketch"][0] == rec["sketch"][1]
     q_sparse = (nz, x[nz])
     for mode in ("lsh", "exact"):
         r1, r2 = ix.query(x, k=5, mode=mode), ix.query(q_sparse, k=5, mode=mode)
@@ -231,7 +241,7 @@ def test_index_dense_and_sparse_are_one_vector(local_index, values):
 
 
 def test_lsh_after_replacements_finds_live_vectors(tmp_path):
-    with Index.open(str(tmp_path / "idx"), IndexConfig(dim=12, bands=8, rows=2)) as ix:
+    with Index.open(str(tmp_path / "idx"), IndexConfig(dim=12, samples=64)) as ix:
         x = np.zeros(12)
         x[3] = 1.0
         for _ in range(3):  # every upsert retires the previous versions
@@ -253,13 +263,18 @@ def test_api_dense_and_sparse_are_one_vector(api, values):
             {"id": "eq-dense", "values": x.tolist()},
             {"id": "eq-sparse", "indices": nz.tolist(), "values": x[nz].tolist()}]})
         assert r.status_code == 200, r.text
-        got = [c.get(f"/vectors/{i}").json() for i in ("eq-dense", "eq-sparse")]
-        # JSON carries the shortest decimal of each float32: exact once read as float32; a
-        # dense index stores (and returns) the sparse one dense
-        for g in got:
-            assert np.array_equal(np.asarray(g["values"], np.float32), x) and g["indices"] is None
+        dense, sparse = (c.get(f"/vectors/{i}").json() for i in ("eq-dense", "eq-sparse"))
+        # JSON carries the shortest decimal of each float32: exact once read as float32. A dense
+        # vector comes back dense; a sparse one sparse where the index stores it sparse (under
+        # a quarter nonzero: never at this dimension), else dense
+        assert np.array_equal(np.asarray(dense["values"], np.float32), x) and dense.get("indices") is None
+        if sparse.get("indices") is not None:
+            assert sparse["indices"] == nz.tolist()
+            assert np.array_equal(np.asarray(sparse["values"], np.float32), x[nz])
+        else:
+            assert np.array_equal(np.asarray(sparse["values"], np.float32), x)
         answers = []
-        for q in ({"vector": x.tolist()}, {"indices": nz.tolist(), "values": x[nz].tolist()}):
+        for q in ({"values": x.tolist()}, {"indices": nz.tolist(), "values": x[nz].tolist()}):
             r = c.post("/neighbors/search", json={**q, "k": 2, "mode": "exact"})
             assert r.status_code == 200, r.text
             answers.append(sorted((n["id"], n["similarity"]) for n in r.json()["neighbors"]))

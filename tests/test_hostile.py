@@ -23,14 +23,16 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from gmmlsh.service import deps
-from gmmlsh.service.cli import main
 from pydantic import SecretStr
 from redis_fixtures import RedisServer
 from test_crash import ServerProc, record
+
+from gmmlsh.service import deps
+from gmmlsh.service.cli import main
 
 DIM = 8
 MAX_BODY = 64 * 1024
@@ -43,7 +45,7 @@ GOOD = [0.5, -1.0, 0.0, 2.0, 1.0, 0.0, 0.25, 3.0]
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory) -> Iterator[ServerProc]:
     tmp = tmp_path_factory.mktemp("hostile")
-    env = {"GMMLSH_INDEX": str(tmp / "index"), "GMMLSH_DIM": str(DIM), "GMMLSH_BANDS": "8", "GMMLSH_ROWS": "2",
+    env = {"GMMLSH_INDEX": str(tmp / "index"), "GMMLSH_DIM": str(DIM), "GMMLSH_SAMPLES": "16",
            "GMMLSH_MAX_BODY_BYTES": str(MAX_BODY), "GMMLSH_MAX_BATCH": "20", "GMMLSH_MAX_K": "50",
            "GMMLSH_MAX_METADATA_BYTES": "4096", "GMMLSH_BODY_TIMEOUT": "2", "GMMLSH_API_KEY": KEY}
     server = ServerProc(tmp, env).start()
@@ -152,7 +154,7 @@ HOSTILE: list[tuple[str, bytes, set[int]]] = [
      {422}),
     ("body is JSON null", request("POST", "/vectors", b"null"), {422}),
     ("body is a bare number", request("POST", "/neighbors/search", b"1e999999"), {422}),
-    ("NaN in a query vector", request("POST", "/neighbors/search", b'{"vector": [NaN,1,1,1,1,1,1,1]}'), {422}),
+    ("NaN in a query vector", request("POST", "/neighbors/search", b'{"values": [NaN,1,1,1,1,1,1,1]}'), {422}),
     ("1e39 overflows float32", request("POST", "/vectors", b'{"id": "x", "values": [1e39,1,1,1,1,1,1,1]}'), {422}),
     ("1e-46 underflows to zero", request("POST", "/vectors", b'{"id": "x", "values": [1e-46,0,0,0,0,0,0,0]}'),
      {422}),
@@ -304,8 +306,9 @@ def test_redis_password_never_logged_or_answered(tmp_path, capsys):
     redis = RedisServer(tmp_path / "redis", extra=["--requirepass", password]).start()
     url = f"redis://:{password}@127.0.0.1:{redis.port}/0"
     prefix = f"h{uuid.uuid4().hex[:8]}"
+    cache = str(tmp_path / "cache")  # this machine's search mirror of the Redis index
     env = {"GMMLSH_REDIS_URL": url, "GMMLSH_PREFIX": prefix, "GMMLSH_DIM": str(DIM), "GMMLSH_LOG_LEVEL": "debug",
-           "GMMLSH_ACCESS_LOG": "true"}
+           "GMMLSH_ACCESS_LOG": "true", "GMMLSH_CACHE_DIR": cache}
     s = ServerProc(tmp_path, env)
     answers: list[str] = []
     try:
@@ -342,13 +345,14 @@ def test_redis_password_never_logged_or_answered(tmp_path, capsys):
     capsys.readouterr()
     redis.start()
     try:
-        main(["info", "--redis", url, "--prefix", prefix])
-        main(["check", "--redis", url, "--prefix", prefix])
+        assert main(["info", "--redis", url, "--prefix", prefix, "--cache-dir", cache]) == 0
+        assert main(["check", "--redis", url, "--prefix", prefix, "--cache-dir", cache]) == 0
     finally:
         redis.stop()
-    main(["info", "--redis", url, "--prefix", prefix])  # Redis is down now
+    assert main(["info", "--redis", url, "--prefix", prefix, "--cache-dir", cache]) == 1  # Redis is down now
     out = capsys.readouterr()
     assert password not in out.out + out.err and "***" in out.out + out.err
+    assert [p.name.startswith(f"redis-{prefix}-") for p in Path(cache).iterdir()] == [True]  # one mirror, shared
 
 
 def test_api_key_is_compared_in_constant_time(monkeypatch):

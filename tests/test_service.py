@@ -27,8 +27,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from gmmlsh.index.index import Index
 from redis_fixtures import RedisServer, redis_url  # noqa: F401  (redis_url: session fixture)
+
+from gmmlsh.index.index import Index
+from gmmlsh.index.tuner import MIN_QUERIES
 
 REPO = Path(__file__).resolve().parents[1]
 SOAK_SECONDS = float(os.environ.get("GMMLSH_TEST_SOAK_SECONDS", "30"))
@@ -116,12 +118,14 @@ class Backend:
             self.location = redis
             self.prefix = f"t{uuid.uuid4().hex[:12]}"
             self.env = {"GMMLSH_REDIS_URL": redis, "GMMLSH_PREFIX": self.prefix}
-        self.env.update({"GMMLSH_DIM": str(DIM), "GMMLSH_BANDS": "32", "GMMLSH_ROWS": "4",
+        self.cache_dir = str(tmp / "cache")  # Redis: this machine's search mirror, shared with the server
+        self.env.update({"GMMLSH_DIM": str(DIM), "GMMLSH_SAMPLES": "128", "GMMLSH_CACHE_DIR": self.cache_dir,
                          "GMMLSH_MAX_BODY_BYTES": str(MAX_BODY),
                          "GMMLSH_MAX_BATCH": str(MAX_BATCH), "GMMLSH_MAX_K": str(MAX_K)})
 
     def open_index(self) -> Index:
-        return Index.open(self.location, prefix=self.prefix, create=False)
+        """The comparison index: no upkeep of its own (the test decides when it runs)."""
+        return Index.open(self.location, prefix=self.prefix, create=False, maintain=False, cache_dir=self.cache_dir)
 
 
 BACKENDS = ["lmdb", "redis"]
@@ -164,8 +168,25 @@ def loaded(server: Server, backend: Backend, data) -> Iterator[Index]:
         assert r.status_code == 200, r.text
         assert r.json()["count"] == len(X) + 1
     index = backend.open_index()
+    settle(index, X)
     yield index
     index.close()
+
+
+def settle(index: Index, X: np.ndarray) -> None:
+    """Build the lists and tune the search now, on served queries, so that no process of the
+    machine re-tunes while the module compares the server's answers with this process's
+    (both read the machine's one search mirror, so they agree once it holds still)."""
+    for q in X[:MIN_QUERIES]:
+        index.query(q, k=1)  # what the tuner samples as served queries
+    deadline = time.monotonic() + 120
+    while True:
+        index.maintain()  # returns at once while another process holds the mirror's upkeep lock
+        view = index.view()
+        if view.tuned_on_queries and view.tuned_rows == view.rows:
+            return
+        assert time.monotonic() < deadline, "the search was not tuned in time"
+        time.sleep(0.1)
 
 
 def count(c: httpx.Client) -> int:
@@ -211,7 +232,7 @@ def test_neighbors_by_vector_match_index(server, loaded, data, mode):
     with server.client() as c:
         for q in Q:
             text = ",".join(str(int(x)) for x in q)
-            r = c.get("/neighbors", params={"vector": text, "k": 7, "mode": mode})
+            r = c.get("/neighbors", params={"values": text, "k": 7, "mode": mode})
             assert r.status_code == 200, r.text
             assert_same(r.json(), loaded.query(q, k=7, mode=mode), 7, mode)
 
@@ -220,7 +241,7 @@ def test_search_body_single_and_batch(server, loaded, data):
     X, _, Q = data
     nz = np.flatnonzero(Q[0])
     with server.client() as c:
-        r = c.post("/neighbors/search", json={"vector": Q[1].tolist(), "k": 5})
+        r = c.post("/neighbors/search", json={"values": Q[1].tolist(), "k": 5})
         assert r.status_code == 200, r.text
         assert_same(r.json(), loaded.query(Q[1], k=5), 5, "lsh")
 
@@ -230,7 +251,7 @@ def test_search_body_single_and_batch(server, loaded, data):
         assert_same(r.json(), loaded.query(Q[0], k=4, mode="exact"), 4, "exact")
 
         # a batch of dense vectors with shared knobs (one query_batch call on the server)
-        r = c.post("/neighbors/search", json={"k": 6, "queries": [{"vector": q.tolist()} for q in Q]})
+        r = c.post("/neighbors/search", json={"k": 6, "queries": [{"values": q.tolist()} for q in Q]})
         assert r.status_code == 200, r.text
         results = r.json()["results"]
         assert len(results) == len(Q)
@@ -240,7 +261,7 @@ def test_search_body_single_and_batch(server, loaded, data):
         # a mixed batch: per-query knobs override the batch's
         r = c.post("/neighbors/search", json={"k": 3, "queries": [
             {"id": "v5"},
-            {"vector": Q[2].tolist(), "k": 8, "mode": "exact"},
+            {"values": Q[2].tolist(), "k": 8, "mode": "exact"},
             {"indices": nz.tolist(), "values": Q[0][nz].tolist(), "candidates": 50},
         ]})
         assert r.status_code == 200, r.text
@@ -278,6 +299,31 @@ def test_get_vector_round_trip(server, loaded, data):
         np.testing.assert_array_equal(np.asarray(r.json()["values"], np.float32), sv.values)
 
 
+def test_a_mixed_batch_reads_back_in_the_shapes_sent(server, loaded):
+    """Dense and sparse vectors of one request each come back in the shape they were sent in
+    (both have few nonzeros: the index stores both sparse), and the batch is all or nothing."""
+    dense = np.zeros(DIM)
+    dense[[3, 70, 500]] = [1.5, 2.0, 0.25]
+    idx, val = [5, 80, 600], [1.0, 3.0, 0.5]
+    with server.client() as c:
+        n0 = count(c)
+        bad = {"id": "mix-bad", "indices": [9, 2], "values": [1.0, 1.0]}
+        for i, v in enumerate([{"id": "mix-d", "values": dense.tolist()}, {"id": "mix-s", "indices": idx, "values": val},
+                               {"id": 42, "values": dense.tolist(), "metadata": {"n": 42}}]):
+            r = c.post("/vectors", json={"vectors": [*([bad] if i == 1 else []), v, bad]})
+            assert r.status_code == 422 and r.json()["error"]["field"] == f"vectors[{0 if i == 1 else 1}].indices"
+        assert count(c) == n0  # nothing of a refused batch
+        r = c.post("/vectors", json={"vectors": [
+            {"id": "mix-d", "values": dense.tolist()}, {"id": "mix-s", "indices": idx, "values": val},
+            {"id": 42, "values": (2 * dense).tolist(), "metadata": {"n": 42}}]})
+        assert r.status_code == 200, r.text
+        d, sparse, by_int = (c.get(f"/vectors/{i}").json() for i in ("mix-d", "mix-s", "42"))
+    assert d.get("indices") is None and d["values"] == dense.tolist()
+    assert (sparse["indices"], sparse["values"]) == (idx, val)
+    assert by_int["id"] == "42" and by_int["metadata"] == {"n": 42} and by_int["values"] == (2 * dense).tolist()
+    assert loaded.get("mix-s").indices.tolist() == idx
+
+
 def test_upsert_replaces_and_float_values_round_trip(server, loaded):
     rng = np.random.default_rng(1)
     v = rng.normal(size=DIM)  # negative entries and non-integers
@@ -292,7 +338,7 @@ def test_upsert_replaces_and_float_values_round_trip(server, loaded):
         assert r.json()["metadata"] == {"version": 2}
         np.testing.assert_array_equal(np.asarray(r.json()["values"], np.float32), v.astype(np.float32))
         text = ",".join(str(x) for x in v.astype(np.float32))  # fits the ~16 KiB request line
-        r = c.get("/neighbors", params={"vector": text, "k": 1, "mode": "exact"})
+        r = c.get("/neighbors", params={"values": text, "k": 1, "mode": "exact"})
         assert r.status_code == 200, r.text
         assert r.json()["neighbors"][0]["id"] == "odd/id é"
         assert r.json()["neighbors"][0]["similarity"] == pytest.approx(1.0, abs=1e-6)
@@ -314,7 +360,7 @@ def test_delete_then_404(server, loaded, data):
             assert r.status_code == 404, (method, path, r.text)
             assert r.json()["error"]["code"] == "not_found"
         # gone from every neighbour list too
-        r = c.get("/neighbors", params={"vector": ",".join(str(int(x)) for x in X[3]), "k": 20, "mode": "exact"})
+        r = c.get("/neighbors", params={"values": ",".join(str(int(x)) for x in X[3]), "k": 20, "mode": "exact"})
         assert "doomed" not in [n["id"] for n in r.json()["neighbors"]]
         assert count(c) == n - 1
 
@@ -344,12 +390,12 @@ BAD_INPUT = [
     ("inf", "POST", "/vectors", {"content": '{"id": "x", "values": [1' + ", 1e999" * (DIM - 1) + "]}"},
      422, "values"),
     ("-Infinity in a query", "POST", "/neighbors/search",
-     {"content": '{"vector": [-Infinity' + ", 1" * (DIM - 1) + "]}"}, 422, "vector"),
+     {"content": '{"values": [-Infinity' + ", 1" * (DIM - 1) + "]}"}, 422, "values"),
     ("all-zero dense", "POST", "/vectors", {"json": {"vectors": [_vec(id="ok-2"), _vec(values=[0.0] * DIM)]}},
      422, "vectors[1].values"),
     ("all-zero sparse", "POST", "/vectors", {"json": _sparse([1, 2], [0.0, 0.0])}, 422, "values"),
     ("empty sparse", "POST", "/vectors", {"json": _sparse([], [])}, 422, "values"),
-    ("all-zero query", "GET", "/neighbors", {"params": {"vector": ",".join(["0"] * DIM)}}, 422, "vector"),
+    ("all-zero query", "GET", "/neighbors", {"params": {"values": ",".join(["0"] * DIM)}}, 422, "values"),
     ("unsorted indices", "POST", "/vectors", {"json": _sparse([5, 3], [1.0, 2.0])}, 422, "indices"),
     ("duplicate indices", "POST", "/vectors", {"json": _sparse([3, 3], [1.0, 2.0])}, 422, "indices"),
     ("index out of range", "POST", "/vectors", {"json": _sparse([3, DIM], [1.0, 2.0])}, 422, "indices"),
@@ -380,11 +426,11 @@ BAD_INPUT = [
     ("min_similarity > 1", "GET", "/neighbors", {"params": {"id": "v1", "min_similarity": 2}}, 422,
      "min_similarity"),
     ("candidates = 0", "GET", "/neighbors", {"params": {"id": "v1", "candidates": 0}}, 422, "candidates"),
-    ("bands over the index's", "GET", "/neighbors", {"params": {"id": "v1", "bands": 33}}, 422, "bands"),
-    ("neither id nor vector", "GET", "/neighbors", {"params": {"k": 3}}, 422, "vector"),
-    ("both id and vector", "POST", "/neighbors/search", {"json": {"id": "v1", "vector": GOOD}}, 422, "vector"),
-    ("query vector not numbers", "GET", "/neighbors", {"params": {"vector": "1,2,x"}}, 422, "vector"),
-    ("query wrong dimension", "GET", "/neighbors", {"params": {"vector": "1,2,3"}}, 422, "vector"),
+    ("probes < 0", "GET", "/neighbors", {"params": {"id": "v1", "probes": -1}}, 422, "probes"),
+    ("neither id nor vector", "GET", "/neighbors", {"params": {"k": 3}}, 422, "id"),
+    ("both id and vector", "POST", "/neighbors/search", {"json": {"id": "v1", "values": GOOD}}, 422, "id"),
+    ("query vector not numbers", "GET", "/neighbors", {"params": {"values": "1,2,x"}}, 422, "values"),
+    ("query wrong dimension", "GET", "/neighbors", {"params": {"values": "1,2,3"}}, 422, "values"),
     ("bad query in a batch", "POST", "/neighbors/search",
      {"json": {"queries": [{"id": "v1"}, {"indices": [2, 1], "values": [1, 1]}]}}, 422, "queries[1].indices"),
     ("unknown id: GET vector", "GET", "/vectors/no-such-id", {}, 404, "id"),
@@ -470,9 +516,12 @@ def test_health_stats_metrics(server, loaded, backend):
     with server.client() as c:
         assert c.get("/health").json() == {"status": "ok", "backend": backend.kind}
         stats = c.get("/stats").json()
-        assert stats["config"]["dim"] == DIM and stats["config"]["bands"] == 32
+        assert stats["config"]["dim"] == DIM and stats["config"]["samples"] == 128
         assert stats["count"] == loaded.count()
         assert stats["service"]["max_k"] == MAX_K
+        assert stats["search"]["tuned_on"] == "served queries" and stats["search"]["candidates"] >= 1
+        assert stats["mirror"]["rows"] >= stats["count"] and stats["pid"] > 0
+        assert "path" not in stats["store"] and backend.tmp.name not in str(stats)  # no server paths
         c.get("/neighbors", params={"id": "v1", "k": 3})
         text = c.get("/metrics").text
     assert f"gmmlsh_index_vectors {float(loaded.count())}" in text
@@ -537,7 +586,7 @@ def test_two_workers_under_concurrent_load(backend_kind, tmp_path, redis_url_if,
                                     pids.add(st.json()["pid"])
                 elif op < 0.6:
                     q = train[rng.randrange(len(train))]
-                    check(writer.get("/neighbors", params={"vector": ",".join(str(int(x)) for x in q),
+                    check(writer.get("/neighbors", params={"values": ",".join(str(int(x)) for x in q),
                                                            "k": 10}), "query by vector")
                 elif op < 0.8:
                     ext = rng.choice(sorted(inserted[t]))
@@ -545,7 +594,7 @@ def test_two_workers_under_concurrent_load(backend_kind, tmp_path, redis_url_if,
                     if check(r, f"query by id {ext}"):
                         assert ext not in [x["id"] for x in r.json()["neighbors"]]
                 elif op < 0.9:
-                    qs = [{"vector": train[rng.randrange(len(train))].tolist()} for _ in range(4)]
+                    qs = [{"values": train[rng.randrange(len(train))].tolist()} for _ in range(4)]
                     check(writer.post("/neighbors/search", json={"k": 3, "queries": qs}), "batch search")
                 else:
                     ext = rng.choice(sorted(inserted[t]))
@@ -565,7 +614,7 @@ def test_two_workers_under_concurrent_load(backend_kind, tmp_path, redis_url_if,
             th.start()
         for th in threads:
             th.join(SOAK_SECONDS + 120)
-        assert not errors, errors[:5]
+        assert not errors, (errors[:5], srv.log())
         total = sum(len(s) for s in inserted)
         print(f"soak {backend_kind}: {sum(ops)} requests groups, {sum(insert_posts)} inserts, "
               f"{total} vectors, pids {sorted(pids)}")
@@ -604,6 +653,7 @@ def test_multi_worker_listener_gives_connections_tcp_nodelay():
     import asyncio
 
     import uvicorn
+
     from gmmlsh.service.server import APP, tcp_listener
 
     sock = tcp_listener(uvicorn.Config(APP, host="127.0.0.1", port=0, workers=2))
@@ -687,11 +737,11 @@ def test_existing_index_keeps_its_parameters(tmp_path):
     with srv.client() as c:
         assert c.post("/vectors", json={"id": "a", "values": GOOD}).status_code == 200
     srv.stop()
-    srv = Server(tmp_path, {**be.env, "GMMLSH_DIM": "3", "GMMLSH_BANDS": "7"}).start()
+    srv = Server(tmp_path, {**be.env, "GMMLSH_DIM": "3", "GMMLSH_SAMPLES": "7"}).start()
     try:
         with srv.client() as c:
             stats = c.get("/stats").json()
-            assert stats["config"]["dim"] == DIM and stats["config"]["bands"] == 32
+            assert stats["config"]["dim"] == DIM and stats["config"]["samples"] == 128
             assert stats["count"] == 1
     finally:
         srv.stop()

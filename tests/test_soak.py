@@ -14,7 +14,7 @@ the end: the stored state equals a replay of the writers' acknowledged
 operations — exactly, for the ids one writer owns; for the contended ids, the
 state is the effect of one writer's *last* operation on that id (what any
 linearisation of the overlapping requests leaves) — the count is exact, and
-:meth:`Index.check` passes with an empty Redis journal.
+:meth:`Index.check` passes.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 import pytest
-from gmmlsh.index.index import Index, UnknownIdError
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 from test_crash import ServerProc, index_env, random_vectors, record
+
+from gmmlsh.index.index import Index, UnknownIdError
 
 SOAK_SECONDS = float(os.environ.get("GMMLSH_SOAK_SECONDS", "30"))
 WRITERS, READERS = 4, 4
@@ -165,7 +166,7 @@ def test_soak_two_workers_final_state_equals_replay(backend, tmp_path, request):
                 elif op < 0.9:
                     q = random_vectors(rng, 1)[0]
                     mode = prng.choice(["lsh", "exact"])
-                    r = c.post("/neighbors/search", json={"vector": q.tolist(), "k": 10, "mode": mode})
+                    r = c.post("/neighbors/search", json={"values": q.tolist(), "k": 10, "mode": mode})
                     if r.status_code != 200:
                         fail("search", r)
                     else:
@@ -198,7 +199,7 @@ def test_soak_two_workers_final_state_equals_replay(backend, tmp_path, request):
         for th in threads:
             th.join(SOAK_SECONDS + 120)
         assert not any(th.is_alive() for th in threads), "a client thread hung"
-        assert not errors, errors[:5]
+        assert not errors, (errors[:5], srv.log())
     finally:
         code = srv.stop()
     assert code in (0, -15), srv.log()
@@ -230,7 +231,7 @@ def test_soak_two_workers_final_state_equals_replay(backend, tmp_path, request):
         live += sum(_read(ix, e) is not None for e in last_by_writer)
         assert ix.count() == live
         rep = ix.check()
-        assert rep.ok and rep.leftovers == 0 and not any(rep.journal.values()), rep.summary()
+        assert rep.ok, rep.summary()
     assert len(pids) == 2, f"expected answers from both workers, saw pids {pids}"
     total = sum(counts.values())
     assert counts["upserts"] > 50 and counts["deletes"] > 5 and counts["reads"] > 50
@@ -248,21 +249,21 @@ def _read(ix: Index, ext: str) -> tuple[bytes, tuple] | None:
 
 
 def test_get_never_mixes_two_versions(tmp_path, monkeypatch):
-    """The race the soak found, made deterministic: the id is replaced between get's reads."""
+    """The race the soak found, made deterministic: the id is replaced between get's lookup
+    and its read, so the iid it looked up is retired: get reads again, never a mix."""
     from gmmlsh.index.config import IndexConfig
 
-    with Index.open(str(tmp_path / "idx"), IndexConfig(dim=4, bands=4, rows=2)) as ix:
+    with Index.open(str(tmp_path / "idx"), IndexConfig(dim=4, samples=16)) as ix:
         ix.upsert(["a"], np.array([[1.0, 2, 3, 4]]), metadata=[{"v": 1}])
-        real = ix.store.fetch
+        real = ix.store.read
         fired: list[int] = []
 
-        def racing(iids, field):
-            out = real(iids, field)
-            if field == "vector" and not fired:
+        def racing(iids, fields):
+            if "vector" in fields and not fired:
                 fired.append(1)
                 ix.upsert(["a"], np.array([[5.0, 6, 7, 8]]), metadata=[{"v": 2}])
-            return out
+            return real(iids, fields)
 
-        monkeypatch.setattr(ix.store, "fetch", racing)
+        monkeypatch.setattr(ix.store, "read", racing)
         sv = ix.get("a")
-        assert (sv.values.tolist(), sv.metadata) in (([1, 2, 3, 4], {"v": 1}), ([5, 6, 7, 8], {"v": 2}))
+        assert fired and (sv.values.tolist(), sv.metadata) == ([5, 6, 7, 8], {"v": 2})
