@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, get_type_hints
 
-from pydantic import Field, SecretStr, create_model, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, IndexConfig, describe
@@ -100,11 +100,14 @@ class Settings(_creation_settings()):
             return [o.strip() for o in s.split(",") if o.strip()]
         return v
 
-    @field_validator("redis_url", "api_key", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _empty_is_none(cls, v: object) -> object:
-        """``GMMLSH_REDIS_URL=`` (empty, as compose files often leave it) means unset."""
-        return None if isinstance(v, str) and not v.strip() else v
+    def _empty_is_none(cls, v: object, info: ValidationInfo) -> object:
+        """An empty value (``GMMLSH_SAMPLES=``, as compose files pass a variable left unset)
+        means unset, for every setting that may be unset (its default then applies)."""
+        if isinstance(v, str) and not v.strip() and cls.model_fields[info.field_name].default is None:
+            return None
+        return v
 
     @model_validator(mode="after")
     def _creation_valid(self) -> Settings:
