@@ -1,4 +1,4 @@
-"""``python -m service``: the ``gmmlsh`` command line without the console script."""
+"""``python -m gmmlsh.service``: the ``gmmlsh`` command line without the console script."""
 
 import sys
 

@@ -4,8 +4,8 @@
 index is opened in the lifespan, i.e. once in *each* uvicorn worker process after
 it starts (an LMDB environment or a Redis connection pool must never cross a
 fork), and closed when the worker stops. Run it with
-``uvicorn --factory service.app:create_app`` or ``gmmlsh serve``
-(:func:`service.server.serve`); both read ``GMMLSH_*`` environment variables.
+``uvicorn --factory gmmlsh.service.app:create_app`` or ``gmmlsh serve``
+(:func:`gmmlsh.service.server.serve`); both read ``GMMLSH_*`` environment variables.
 
 Multi-worker LMDB: every worker opens the same environment directory; LMDB's
 lock file coordinates them (one writer at a time across processes, readers never

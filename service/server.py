@@ -7,7 +7,7 @@ Usage (from the CLI or any script)::
     serve(Settings(index="./idx"), host="0.0.0.0", port=8000, workers=4)
 
 uvicorn spawns its workers as fresh processes that import the app from a string
-(``service.app:create_app``, ``factory=True``); a Python object cannot follow
+(``gmmlsh.service.app:create_app``, ``factory=True``); a Python object cannot follow
 them. So the settings travel as ``GMMLSH_*`` environment variables
 (:meth:`Settings.to_env`), and each worker rebuilds them with ``Settings()`` and
 opens its own index in the app's lifespan.
@@ -110,7 +110,7 @@ def log_config(level: str) -> dict:
 
 
 def main() -> None:
-    """``python -m service.server``: serve with settings from the environment only."""
+    """``python -m gmmlsh.service.server``: serve with settings from the environment only."""
     serve()
 
 

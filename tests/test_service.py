@@ -1,9 +1,9 @@
 """The REST API against a real uvicorn server over HTTP, on LMDB and on Redis.
 
 Each server is a subprocess started the way ``gmmlsh serve`` starts it
-(``python -m service.server`` → :func:`service.server.serve`, settings from
+(``python -m gmmlsh.service.server`` → :func:`gmmlsh.service.server.serve`, settings from
 ``GMMLSH_*`` variables) on a free loopback port; answers are compared with an
-:class:`index.index.Index` opened on the same store in this process.
+:class:`gmmlsh.index.index.Index` opened on the same store in this process.
 
 ``GMMLSH_TEST_SOAK_SECONDS`` (default 30) sets how long the multi-worker
 concurrency test runs on each backend.
@@ -308,8 +308,9 @@ def test_a_mixed_batch_reads_back_in_the_shapes_sent(server, loaded):
     with server.client() as c:
         n0 = count(c)
         bad = {"id": "mix-bad", "indices": [9, 2], "values": [1.0, 1.0]}
-        for i, v in enumerate([{"id": "mix-d", "values": dense.tolist()}, {"id": "mix-s", "indices": idx, "values": val},
-                               {"id": 42, "values": dense.tolist(), "metadata": {"n": 42}}]):
+        good = [{"id": "mix-d", "values": dense.tolist()}, {"id": "mix-s", "indices": idx, "values": val},
+                {"id": 42, "values": dense.tolist(), "metadata": {"n": 42}}]
+        for i, v in enumerate(good):
             r = c.post("/vectors", json={"vectors": [*([bad] if i == 1 else []), v, bad]})
             assert r.status_code == 422 and r.json()["error"]["field"] == f"vectors[{0 if i == 1 else 1}].indices"
         assert count(c) == n0  # nothing of a refused batch
