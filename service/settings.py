@@ -23,6 +23,7 @@ from pydantic import Field, SecretStr, ValidationInfo, create_model, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, IndexConfig, describe
+from gmmlsh.index.index import DEFAULT_CACHE_DIR
 
 MiB = 1024 * 1024
 #: Search parameters an operator may fix for every query (see SearchParams).
@@ -55,7 +56,7 @@ class Settings(_creation_settings()):
     prefix: str = Field("gmmlsh", description="key prefix naming the index inside Redis")
 
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
-                                  "(default ~/.cache/gmmlsh)")
+                                  f"(default {DEFAULT_CACHE_DIR})")
 
     # --- search parameters (unset: what the index tuned for itself) ------------------------
     candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES, description="rows scored by exact GMM per query")

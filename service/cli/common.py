@@ -75,8 +75,10 @@ def add_store(p: argparse.ArgumentParser) -> None:
     g.add_argument("--redis", dest="redis_url", metavar="URL",
                    help=f"Redis URL, e.g. redis://localhost:6379/0 (env {ENV}REDIS_URL)")
     opt(g, "--prefix", metavar="NAME", default="gmmlsh", help="name of the index inside Redis (default gmmlsh)")
+    from gmmlsh.index.index import DEFAULT_CACHE_DIR
+
     opt(g, "--cache-dir", metavar="DIR", help="where a Redis index's search mirror lives on this machine "
-        "(default ~/.cache/gmmlsh)")
+        f"(default {DEFAULT_CACHE_DIR})")
 
 
 def location(args) -> tuple[str, str, str]:
