@@ -232,7 +232,7 @@ def test_neighbors_by_vector_match_index(server, loaded, data, mode):
     with server.client() as c:
         for q in Q:
             text = ",".join(str(int(x)) for x in q)
-            r = c.get("/neighbors", params={"values": text, "k": 7, "mode": mode})
+            r = c.get("/neighbors", params={"vector": text, "k": 7, "mode": mode})
             assert r.status_code == 200, r.text
             assert_same(r.json(), loaded.query(q, k=7, mode=mode), 7, mode)
 
@@ -339,7 +339,7 @@ def test_upsert_replaces_and_float_values_round_trip(server, loaded):
         assert r.json()["metadata"] == {"version": 2}
         np.testing.assert_array_equal(np.asarray(r.json()["values"], np.float32), v.astype(np.float32))
         text = ",".join(str(x) for x in v.astype(np.float32))  # fits the ~16 KiB request line
-        r = c.get("/neighbors", params={"values": text, "k": 1, "mode": "exact"})
+        r = c.get("/neighbors", params={"vector": text, "k": 1, "mode": "exact"})
         assert r.status_code == 200, r.text
         assert r.json()["neighbors"][0]["id"] == "odd/id é"
         assert r.json()["neighbors"][0]["similarity"] == pytest.approx(1.0, abs=1e-6)
@@ -361,7 +361,7 @@ def test_delete_then_404(server, loaded, data):
             assert r.status_code == 404, (method, path, r.text)
             assert r.json()["error"]["code"] == "not_found"
         # gone from every neighbour list too
-        r = c.get("/neighbors", params={"values": ",".join(str(int(x)) for x in X[3]), "k": 20, "mode": "exact"})
+        r = c.get("/neighbors", params={"vector": ",".join(str(int(x)) for x in X[3]), "k": 20, "mode": "exact"})
         assert "doomed" not in [n["id"] for n in r.json()["neighbors"]]
         assert count(c) == n - 1
 
@@ -396,7 +396,7 @@ BAD_INPUT = [
      422, "vectors[1].values"),
     ("all-zero sparse", "POST", "/vectors", {"json": _sparse([1, 2], [0.0, 0.0])}, 422, "values"),
     ("empty sparse", "POST", "/vectors", {"json": _sparse([], [])}, 422, "values"),
-    ("all-zero query", "GET", "/neighbors", {"params": {"values": ",".join(["0"] * DIM)}}, 422, "values"),
+    ("all-zero query", "GET", "/neighbors", {"params": {"vector": ",".join(["0"] * DIM)}}, 422, "vector"),
     ("unsorted indices", "POST", "/vectors", {"json": _sparse([5, 3], [1.0, 2.0])}, 422, "indices"),
     ("duplicate indices", "POST", "/vectors", {"json": _sparse([3, 3], [1.0, 2.0])}, 422, "indices"),
     ("index out of range", "POST", "/vectors", {"json": _sparse([3, DIM], [1.0, 2.0])}, 422, "indices"),
@@ -428,10 +428,12 @@ BAD_INPUT = [
      "min_similarity"),
     ("candidates = 0", "GET", "/neighbors", {"params": {"id": "v1", "candidates": 0}}, 422, "candidates"),
     ("probes < 0", "GET", "/neighbors", {"params": {"id": "v1", "probes": -1}}, 422, "probes"),
-    ("neither id nor vector", "GET", "/neighbors", {"params": {"k": 3}}, 422, "id"),
+    ("neither id nor vector", "GET", "/neighbors", {"params": {"k": 3}}, 422, "vector"),
+    ("both id and vector in the URL", "GET", "/neighbors", {"params": {"id": "v1", "vector": "1,2"}}, 422,
+     "vector"),
     ("both id and vector", "POST", "/neighbors/search", {"json": {"id": "v1", "values": GOOD}}, 422, "id"),
-    ("query vector not numbers", "GET", "/neighbors", {"params": {"values": "1,2,x"}}, 422, "values"),
-    ("query wrong dimension", "GET", "/neighbors", {"params": {"values": "1,2,3"}}, 422, "values"),
+    ("query vector not numbers", "GET", "/neighbors", {"params": {"vector": "1,2,x"}}, 422, "vector"),
+    ("query wrong dimension", "GET", "/neighbors", {"params": {"vector": "1,2,3"}}, 422, "vector"),
     ("bad query in a batch", "POST", "/neighbors/search",
      {"json": {"queries": [{"id": "v1"}, {"indices": [2, 1], "values": [1, 1]}]}}, 422, "queries[1].indices"),
     ("unknown id: GET vector", "GET", "/vectors/no-such-id", {}, 404, "id"),
@@ -587,7 +589,7 @@ def test_two_workers_under_concurrent_load(backend_kind, tmp_path, redis_url_if,
                                     pids.add(st.json()["pid"])
                 elif op < 0.6:
                     q = train[rng.randrange(len(train))]
-                    check(writer.get("/neighbors", params={"values": ",".join(str(int(x)) for x in q),
+                    check(writer.get("/neighbors", params={"vector": ",".join(str(int(x)) for x in q),
                                                            "k": 10}), "query by vector")
                 elif op < 0.8:
                     ext = rng.choice(sorted(inserted[t]))

@@ -47,7 +47,7 @@ _EXAMPLES = {
 @router.get(
     "/neighbors", response_model=NeighborsResponse,
     summary="Neighbours of a stored vector (id) or of a dense vector given in the URL",
-    description="Give exactly one of `id` (the vector itself is left out of its neighbours) or `values` "
+    description="Give exactly one of `id` (the vector itself is left out of its neighbours) or `vector` "
     "(comma-separated numbers). A vector in the query string is limited by the server's request-line size "
     "(about 16 KiB with uvicorn's h11: a few thousand numbers): for longer or sparse vectors, or batches, "
     "use `POST /neighbors/search`.",
@@ -56,7 +56,7 @@ _EXAMPLES = {
 async def neighbors(
     index: IndexDep, settings: SettingsDep, metrics: MetricsDep,
     id: Annotated[str | None, Query(min_length=1, max_length=MAX_ID_BYTES, description="id of a stored vector")] = None,
-    values: Annotated[str | None, Query(description="dense query, e.g. 0.1,0,-2.5,...")] = None,
+    vector: Annotated[str | None, Query(description="dense query, e.g. 0.1,0,-2.5,...")] = None,
     k: Annotated[int | None, Query(ge=1, description="neighbours (≤ max_k)")] = None,
     mode: Annotated[Mode | None, Query(description="lsh (default), exact, nrff")] = None,
     min_similarity: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
@@ -65,7 +65,7 @@ async def neighbors(
 ) -> Response:
     params = QueryParams.model_construct(k=k, mode=mode, min_similarity=min_similarity, candidates=candidates,
                                          probes=probes)
-    out, r = await run_in_threadpool(neighbors_get, index, settings, params, id, values)
+    out, r = await run_in_threadpool(neighbors_get, index, settings, params, id, vector)
     metrics.candidates.labels(r.mode).observe(r.candidates)
     return ORJSONResponse(out)
 
@@ -151,16 +151,19 @@ def query_target(q: SearchQuery, prefix: str = "") -> Target:
 _VECTOR_FIELD = re.compile(r"^vectors?(\[(\d+)\])?$")
 
 
-def client_field(exc: VectorError, prefix: str = "", sparse: bool = False) -> VectorError:
+def client_field(exc: VectorError, prefix: str = "", sparse: bool = False, dense: str = "values") -> VectorError:
     """The index names a query's vector ``vector`` (``vectors[i]`` in a batch); name it as the
-    client sent it: ``values``, or ``indices`` for the structure of a sparse vector."""
+    client sent it: ``values`` (``dense``), or ``indices`` for the structure of a sparse vector."""
     field = exc.field
-    if _VECTOR_FIELD.match(field):
-        field = "indices" if sparse and not isinstance(exc, NonFiniteError | ZeroVectorError) else "values"
+    if _VECTOR_FIELD.match(field) or field == "values":
+        if sparse:
+            field = "values" if isinstance(exc, NonFiniteError | ZeroVectorError) else "indices"
+        else:
+            field = dense
     return type(exc)(prefix + field, exc.reason)
 
 
-def run_query(index: Index, target: Target, knobs: Knobs, prefix: str = "") -> QueryResult:
+def run_query(index: Index, target: Target, knobs: Knobs, prefix: str = "", dense: str = "values") -> QueryResult:
     try:
         if target.id is not None:
             return index.query(id=target.id, **knobs.kwargs())
@@ -168,7 +171,7 @@ def run_query(index: Index, target: Target, knobs: Knobs, prefix: str = "") -> Q
     except UnknownIdError:
         raise ApiError(404, f"no vector with id {target.id!r}", field=prefix + "id") from None
     except VectorError as exc:
-        raise client_field(exc, prefix, target.sparse) from None
+        raise client_field(exc, prefix, target.sparse, dense) from None
 
 
 def result_dict(r: QueryResult) -> dict:
@@ -177,26 +180,31 @@ def result_dict(r: QueryResult) -> dict:
                           for n in r.neighbors]}
 
 
-def _dense_param(text: str) -> list[float]:
-    """``values=0.1,0.2,...`` → floats (NaN/inf pass here, refused later)."""
+def _dense_param(text: str) -> np.ndarray:
+    """``vector=0.1,0.2,...`` → float64 (NaN/inf pass here; the index refuses them)."""
     parts = text.replace(" ", "").split(",")
-    out = []
+    out = np.empty(len(parts))
     for i, p in enumerate(parts):
         try:
-            out.append(float(p))
+            out[i] = float(p)
         except ValueError:
-            raise ApiError(422, f"position {i} is not a number; values is a comma-separated list of numbers",
-                           field="values") from None
+            raise ApiError(422, f"position {i} is not a number; vector is a comma-separated list of numbers",
+                           field="vector") from None
     return out
 
 
 def neighbors_get(index: Index, settings: Settings, params: QueryParams, ext_id: str | None,
-                  values: str | None) -> tuple[dict, QueryResult]:
-    try:
-        q = SearchQuery(id=ext_id, values=_dense_param(values) if values is not None else None)
-    except ValidationError as exc:  # e.g. an id under MAX_ID_BYTES characters but over MAX_ID_BYTES bytes
-        raise RequestValidationError(located(exc, "query")) from None
-    r = run_query(index, query_target(q), resolve_knobs(settings, params))
+                  vector: str | None) -> tuple[dict, QueryResult]:
+    if (ext_id is None) == (vector is None):
+        raise ApiError(422, "give exactly one of id (a stored vector) or vector (comma-separated numbers)",
+                       field="vector")
+    if ext_id is not None:
+        try:
+            SearchQuery(id=ext_id)  # the id rules (e.g. under MAX_ID_BYTES characters but over MAX_ID_BYTES bytes)
+        except ValidationError as exc:
+            raise RequestValidationError(located(exc, "query")) from None
+    target = Target(id=ext_id) if ext_id is not None else Target(vector=_dense_param(vector))
+    r = run_query(index, target, resolve_knobs(settings, params), dense="vector")
     return result_dict(r), r
 
 
