@@ -25,6 +25,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import scipy.sparse as sp
+
 from gmmlsh.core import gcws
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms

@@ -25,10 +25,10 @@ from pathlib import Path
 import httpx
 import numba
 import numpy as np
-from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index
 
 from bench.common import DATA, emit, free_port
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
 
 LOAD = r"""
 import json, random, sys, threading, time, httpx

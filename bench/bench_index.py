@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from gmmlsh.core.gmm import gmm_many, gmm_matrix, l1_norms
-from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index
 from numba import njit
 
 from bench.common import DATA, emit, recall_at
+from gmmlsh.core.gmm import gmm_many, gmm_matrix, l1_norms
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
 
 
 @njit(fastmath=True, cache=True)

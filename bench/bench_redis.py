@@ -26,13 +26,13 @@ from pathlib import Path
 import numba
 import numpy as np
 import redis
+
+from bench.common import DATA, emit, recall_at, start_redis
 from gmmlsh.core.gmm import gmm_matrix, l1_norms
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.ingest.build import build
 from gmmlsh.index.ingest.readers import open_reader
-
-from bench.common import DATA, emit, recall_at, start_redis
 
 
 def used_memory(url: str) -> int:

@@ -2,7 +2,7 @@
 
     python -m bench.report [--out DIR] [--quick] [--n N] [--queries Q] [--no-peer]
     python -m bench.report --data FILE [--npz-key K --npz-label-key L | --label-column C] [--out DIR]
-    gmmlsh bench --data FILE --out DIR
+    gmmlsh bench report --data FILE --out DIR
 
 Users pick a similarity and an index by looking, so this writes one folder:
 ``report.md`` (the numbers, with the figures inline), ``report.json`` (every
@@ -10,8 +10,8 @@ number), ``figures.json`` (what each figure shows: axis labels, series, point
 counts — so a test can check the pictures are not empty) and the figures:
 
 * ``recall_qps.png`` — recall@10 against queries/s (one thread), ann-benchmarks
-  style: ``lsh`` sketch scan over the rerank budget C, ``lsh`` over bucket
-  reads (bands × C), ``exact``, ``nrff``, pynndescent with the GMM metric; build
+  style: ``lsh`` at the search the index tuned for itself, as tuned and over the
+  rerank budget C, ``exact``, ``nrff``, pynndescent with the GMM metric; build
   time and bytes per vector in a table beside it. Measured in one run.
 * ``estimator_mse.png`` — empirical MSE of GCWS (0-bit, and b-bit corrected) and
   of NRFF against k, on real pairs, over the theory (GMM(1−GMM)/k, V_n/k).
@@ -54,18 +54,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
-from gmmlsh.core import gcws, nrff  # noqa: E402
-from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms  # noqa: E402
-from gmmlsh.core.parallel import PARALLEL_LOCK  # noqa: E402
-from gmmlsh.index.config import IndexConfig  # noqa: E402
-from gmmlsh.index.index import Index  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from bench.common import DATA  # noqa: E402
+from gmmlsh.core import codes, gcws, nrff  # noqa: E402
+from gmmlsh.core.codes import WORD, bit_planes  # noqa: E402
+from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms  # noqa: E402
+from gmmlsh.core.intrinsics import popcount  # noqa: E402
+from gmmlsh.core.parallel import PARALLEL_LOCK  # noqa: E402
+from gmmlsh.index.config import IndexConfig  # noqa: E402
+from gmmlsh.index.index import Index  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("recall_qps.png", "estimator_mse.png", "var_over_e2.png", "knn_accuracy.png", "samples_to_recall.png")
 K_NN = 10  # recall@10, and the k of the sketch-only k-NN vote
 KNN_KS = (1, 3, 5, 10, 20)
 NRFF_K, NRFF_GAMMA = 256, 1.0  # the nrff index of the speed plot
@@ -74,7 +75,7 @@ DPI = 100
 
 #: One colour per method, the same in every figure.
 COLORS = {
-    "lsh scan": "tab:blue", "lsh buckets": "tab:cyan", "exact": "black", "nrff": "tab:orange",
+    "lsh": "tab:blue", "lsh default": "navy", "exact": "black", "nrff": "tab:orange",
     "pynndescent": "tab:brown", "GMM exact": "black", "GMM lsh": "tab:blue", "RBF via nrff": "tab:orange",
     "cosine": "tab:gray", "L2": "tab:purple", "GCWS 0-bit": "tab:blue", "GCWS b=2": "tab:green",
     "GCWS b=4": "tab:olive", "GCWS b=8": "tab:cyan", "NRFF": "tab:red",
@@ -103,7 +104,6 @@ class Settings:
     recall_ks: tuple[int, ...]
     recall_gammas: tuple[float, ...]
     lsh_cs: tuple[int, ...]
-    lsh_bands: tuple[int, ...]
     nrff_cs: tuple[int, ...]
     nrff_queries: int
     exact_queries: int
@@ -118,14 +118,14 @@ class Settings:
             return cls(n=n or 3000, queries=q, knn_queries=max(q, knn_queries or q), quick=True, peer=peer,
                        seeds=24, est_kmax=256,
                        est_ks=(8, 16, 32, 64, 128, 256), var_k=64, var_gammas=(0.5, 2.0), recall_ks=(32, 64, 128, 256),
-                       recall_gammas=(NRFF_GAMMA,), lsh_cs=(25, 100, 400), lsh_bands=(40, 80), nrff_cs=(50, 200),
+                       recall_gammas=(NRFF_GAMMA,), lsh_cs=(25, 100, 400), nrff_cs=(50, 200),
                        nrff_queries=30, exact_queries=10)
         q = queries or 1000
         return cls(n=n, queries=q, knn_queries=max(q, knn_queries or 5000), quick=False, peer=peer, seeds=256,
                    est_kmax=1024,
                    est_ks=(8, 16, 32, 64, 128, 256, 512, 1024), var_k=128, var_gammas=(0.5, 2.0, 8.0),
                    recall_ks=(32, 64, 128, 256, 512, 1024), recall_gammas=(NRFF_GAMMA, 4.0),
-                   lsh_cs=(25, 50, 100, 200, 400), lsh_bands=(40, 60, 80), nrff_cs=(50, 200, 800),
+                   lsh_cs=(25, 50, 100, 200, 400), nrff_cs=(50, 200, 800),
                    nrff_queries=100, exact_queries=30)
 
 
@@ -357,18 +357,30 @@ def ground_truth(ds: Dataset, kk: int) -> Truth:
 # ==================================================================================
 
 
-def build_index(path: Path, X, cfg: IndexConfig, chunk: int = 10_000) -> float:
-    """Hash + write in chunks, all threads; the one-time JIT load and constant table are done before."""
+def build_index(path: Path, X, cfg: IndexConfig, chunk: int = 10_000) -> tuple[float, dict]:
+    """Upsert in chunks, then ``maintain()`` (inverted lists, tuning) as a bulk load does, all threads.
+
+    Returns the seconds and what ``maintain()`` did (the tuner's report under ``tuned``).
+    """
     t = time.perf_counter()
-    with Index.open(path, cfg) as ix:
+    with Index.open(path, cfg, maintain=False) as ix:
         for lo in range(0, X.shape[0], chunk):
             hi = min(X.shape[0], lo + chunk)
             ix.upsert([str(i) for i in range(lo, hi)], X[lo:hi])
-    return time.perf_counter() - t
+        done = ix.maintain()
+    return time.perf_counter() - t, done
 
 
 def _ids(res) -> np.ndarray:
     return np.array([int(nb.id) for nb in res.neighbors], dtype=np.int64)
+
+
+def _tuned_label(search: dict) -> str:
+    if search["exact"]:
+        return "tuned: exact"
+    probes = search["probes"] or "all"
+    return (f"tuned: probes={probes}, shortlist={search['shortlist']}, rank_bits={search['rank_bits']}, "
+            f"C={search['candidates']}")
 
 
 def speed_recall(ds: Dataset, truth: Truth, st: Settings, work: Path, log: Callable[[str], None],
@@ -376,53 +388,53 @@ def speed_recall(ds: Dataset, truth: Truth, st: Settings, work: Path, log: Calla
     """Every method through its real query path, one thread, same queries, same ground truth.
 
     Also answers ``knn_queries`` (all labelled queries) through the default ``lsh`` path, for the k-NN table.
+    The indexes are opened with ``maintain=False``: the search tuned at the end of the build stays fixed
+    while it is timed (a served index re-tunes on its own queries).
     """
     Q, X = ds.Q, ds.X
     nq, n = Q.shape[0], X.shape[0]
     t10 = truth.gmm[:, :K_NN]
-    storage = "sparse" if ds.sparse else "dense"
-    cfg = IndexConfig(dim=ds.dim, storage=storage)
-    ncfg = IndexConfig(dim=ds.dim, storage=storage, nrff_k=NRFF_K, gamma=NRFF_GAMMA)
+    cfg = IndexConfig(dim=ds.dim)
+    ncfg = IndexConfig(dim=ds.dim, nrff_k=NRFF_K, gamma=NRFF_GAMMA)
     # One-time costs (numba cache load, the GCWS constant table, NRFF's W) outside the timed builds.
     with Index.open(work / "warm", ncfg) as w:
         w.upsert(["w"], X[:1])
     points: list[dict] = []
     builds: list[dict] = []
 
-    log("  build lsh index")
-    secs = build_index(work / "lsh", X, cfg)
-    raw = (X.data.nbytes + X.indices.nbytes) / n if ds.sparse else X.shape[1] * 4
-    ix = Index.open(work / "lsh")
-    ix.warm()
-    scan_bytes = ix._rank_words * 8  # what the in-memory sketch scan holds per vector (2-bit codes, padded)
-    builds.append({"method": f"gmmlsh lsh index (L={cfg.bands}, r={cfg.rows}, b={cfg.bits})", "seconds": secs,
-                   "threads": st.threads, "bytes_per_vector": disk_bytes(work / "lsh") / n,
-                   "memory_bytes_per_vector": scan_bytes + (0 if ds.sparse else X.shape[1] * 4),
-                   "note": f"LMDB on disk; in memory, the scan's 2-bit sketches ({scan_bytes} B)"
-                   + ("" if ds.sparse else " and the cached float32 vectors it reranks")})
-    builds.append({"method": "exact (brute force over stored vectors)", "seconds": 0.0, "threads": st.threads,
-                   "bytes_per_vector": raw, "memory_bytes_per_vector": raw, "note": "the float32 vectors alone"})
-
-    def run(mode: str, series: str, setting: str, queries: int, **kw) -> dict:
+    def run(index: Index, series: str, setting: str, queries: int, mode: str = "lsh", **kw) -> None:
         qs = min(queries, nq)
-        res, secs = _timed(lambda: [ix_of[mode].query(_row(Q, i), k=K_NN, mode=mode, **kw) for i in range(qs)])
+        res, secs = _timed(lambda: [index.query(_row(Q, i), k=K_NN, mode=mode, **kw) for i in range(qs)])
         p = {"series": series, "setting": setting, "recall": recall([_ids(r) for r in res], t10[:qs]),
              "qps": qs / secs, "scored": float(np.mean([r.candidates for r in res])), "queries": qs, **kw}
         points.append(p)
         log(f"  {series} {setting}: recall@10 {p['recall']:.4f}, {p['qps']:,.0f} q/s")
-        return p
 
-    ix_of = {"lsh": ix, "exact": ix}
+    def build(name: str, c: IndexConfig, method: str, note: str) -> Index:
+        log(f"  build {name} index")
+        secs, done = build_index(work / name, X, c)
+        ix = Index.open(work / name, maintain=False)
+        mirror = ix.stats()["mirror"]["disk_bytes"]
+        builds.append({"method": method, "seconds": secs, "threads": st.threads,
+                       "bytes_per_vector": disk_bytes(work / name) / n, "memory_bytes_per_vector": mirror / n,
+                       "note": note, "tuning": done.get("tuned")})
+        return ix
+
+    ix = build("lsh", cfg, f"gmmlsh index (samples={cfg.samples}, b={cfg.bits})",
+               "LMDB store + search mirror on disk; in memory, the memory-mapped mirror queries read (bit planes, "
+               "first-stage rows, lists, vectors)")
+    search = {k: v for k, v in ix.stats()["search"].items() if k != "overrides"}
+    raw = (X.data.nbytes + X.indices.nbytes) / n if ds.sparse else X.shape[1] * 4
+    builds.append({"method": "exact (brute force over stored vectors)", "seconds": 0.0, "threads": st.threads,
+                   "bytes_per_vector": raw, "memory_bytes_per_vector": raw, "note": "the float32 vectors alone"})
     with single_thread():
         for i in range(min(20, nq)):
             ix.query(_row(Q, i), k=K_NN)
-            ix.query(_row(Q, i), k=K_NN, bands=max(1, min(st.lsh_bands)))
+            ix.query(_row(Q, i), k=K_NN, candidates=min(st.lsh_cs))
+        run(ix, "lsh default", _tuned_label(search), nq)
         for C in st.lsh_cs:
-            run("lsh", "lsh scan", f"C={C}", nq, candidates=C)
-        for bands in sorted({min(b, cfg.bands) for b in st.lsh_bands}):
-            for C in st.lsh_cs:
-                run("lsh", "lsh buckets", f"bands={bands} C={C}", nq, candidates=C, bands=bands)
-        run("exact", "exact", "via index (store scan)", st.exact_queries)
+            run(ix, "lsh", f"C={C}", nq, candidates=C)
+        run(ix, "exact", "via index", st.exact_queries, mode="exact")
         norms = l1_norms(X)
         qs = min(nq, 100)
         gmm_many(_row(Q, 0), X, norms)
@@ -430,26 +442,19 @@ def speed_recall(ds: Dataset, truth: Truth, st: Settings, work: Path, log: Calla
         points.append({"series": "exact", "setting": "in-memory numba scan", "recall": recall(found, t10[:qs]),
                        "qps": qs / secs, "scored": float(n), "queries": qs})
         log(f"  exact in memory: {qs / secs:,.0f} q/s")
+    KQ = Q if knn_queries is None else knn_queries
+    lsh_knn = [_ids(r) for r in ix.query_batch(KQ, k=min(max(KNN_KS), n))]
+    ix.close()
 
-    log("  build nrff index")
-    secs = build_index(work / "nrff", X, ncfg)
-    nix = Index.open(work / "nrff")
-    nix.warm()
-    builds.append({"method": f"gmmlsh index with NRFF (k={NRFF_K}, γ={NRFF_GAMMA:g})", "seconds": secs,
-                   "threads": st.threads, "bytes_per_vector": disk_bytes(work / "nrff") / n,
-                   "memory_bytes_per_vector": NRFF_K * 4, "note": "the lsh index plus float32 NRFF features"})
-    ix_of["nrff"] = nix
-    nrff_found: dict[int, list[np.ndarray]] = {}
+    nix = build("nrff", ncfg, f"gmmlsh index with NRFF (k={NRFF_K}, γ={NRFF_GAMMA:g})",
+                "the lsh index plus float32 NRFF features")
     with single_thread():
         for i in range(min(5, nq)):
             nix.query(_row(Q, i), k=K_NN, mode="nrff")
         for C in st.nrff_cs:
-            run("nrff", "nrff", f"C={C}", st.nrff_queries, candidates=C)
-        qs = min(st.nrff_queries, nq)
-        nrff_found[200] = [_ids(nix.query(_row(Q, i), k=K_NN, mode="nrff", candidates=200)) for i in range(qs)]
-        KQ = Q if knn_queries is None else knn_queries
-        lsh_knn = [_ids(ix.query(_row(KQ, i), k=min(max(KNN_KS), n))) for i in range(KQ.shape[0])]
-    ix.close()
+            run(nix, "nrff", f"C={C}", st.nrff_queries, mode="nrff", candidates=C)
+        nrff_top10 = [_ids(nix.query(_row(Q, i), k=K_NN, mode="nrff", candidates=200))
+                      for i in range(min(st.nrff_queries, nq))]
     nix.close()
 
     peer = peer_points(ds, t10, st, log) if st.peer else None
@@ -458,15 +463,12 @@ def speed_recall(ds: Dataset, truth: Truth, st: Settings, work: Path, log: Calla
         builds.append(peer["build"])
     elif st.peer:
         log("  pynndescent: skipped")
+    peer_note = None if peer else "pynndescent not run " + (
+        "(not installed, or the data too big to densify)" if st.peer else "(--no-peer)")
     cos_recall = recall(truth.cosine[:, :K_NN], t10)
-    return {"points": points, "builds": builds, "rbf_ceiling": cos_recall, "lsh_knn": np.array(lsh_knn),
-            "nrff_index_top10": nrff_found[200], "peer_note": None if peer else _peer_note(ds, st)}
-
-
-def _peer_note(ds: Dataset, st: Settings) -> str:
-    if not st.peer:
-        return "pynndescent not run (--no-peer)"
-    return "pynndescent not run (not installed, or the data too big to densify)"
+    return {"points": points, "builds": builds, "search": search, "rbf_ceiling": cos_recall,
+            "lsh_knn": np.array(lsh_knn), "nrff_index_top10": nrff_top10,
+            "peer_note": peer_note}
 
 
 def peer_points(ds: Dataset, t10: np.ndarray, st: Settings, log: Callable[[str], None]) -> dict | None:
@@ -517,7 +519,7 @@ def peer_points(ds: Dataset, t10: np.ndarray, st: Settings, log: Callable[[str],
 def _pool_mse(pool: np.ndarray, truth: float, k: int, correct_bits: int | None = None) -> float:
     """MSE of k-sample estimates cut from a pool of iid per-sample agreements (seeds × samples)."""
     rates = pool.reshape(pool.shape[0], -1, k).mean(axis=2)
-    est = rates if correct_bits is None else gcws.corrected_rate(rates, correct_bits)
+    est = rates if correct_bits is None else codes.corrected_rate(rates, correct_bits)
     return float(np.mean((est - truth) ** 2))
 
 
@@ -557,7 +559,7 @@ def estimators(ds: Dataset, truth: Truth, st: Settings, log: Callable[[str], Non
         ist = gcws.sketch(V64, K, seed, path="direct")
         eq0[:, s] = ist[0::2] == ist[1::2]
         for b in bits:
-            c = gcws.bbit_codes(ist, b, seed)
+            c = codes.bbit_codes(ist, b, seed)
             eqb[b][:, s] = c[0::2] == c[1::2]
         for g in gammas:
             F = nrff.features(V64, K, g, seed)
@@ -573,7 +575,7 @@ def estimators(ds: Dataset, truth: Truth, st: Settings, log: Callable[[str], Non
         rec["mse"] = {"GCWS 0-bit": [_pool_mse(eq0[p], G[p], k) for k in ks]}
         rec["theory"] = {"GCWS 0-bit": [G[p] * (1 - G[p]) / k for k in ks]}
         for b in bits:
-            pb = float(gcws.bbit_collision_probability(G[p], b))
+            pb = float(codes.bbit_collision_probability(G[p], b))
             rec["mse"][f"GCWS b={b}"] = [_pool_mse(eqb[b][p], G[p], k, b) for k in ks]
             rec["theory"][f"GCWS b={b}"] = [pb * (1 - pb) / ((1 - 2.0**-b) ** 2 * k) for k in ks]
         for g in gammas:
@@ -647,48 +649,28 @@ def nrff_neighbours(ds: Dataset, kk: int, C: int = 200) -> np.ndarray:
     return np.array(out)
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _pop32(x):
-    """Bits set in the low 32 bits of x (the SWAR idiom; LLVM turns it into popcnt)."""
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x55555555))
-    x = (x & np.uint64(0x33333333)) + ((x >> np.uint64(2)) & np.uint64(0x33333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F)
-    return ((x * np.uint64(0x01010101)) & np.uint64(0xFFFFFFFF)) >> np.uint64(24)
-
-
-@njit(nogil=True, cache=True)
-def _bitplanes(codes, b):
-    """b-bit codes (n, k) → bit planes (n, k/32, b) of 32 samples a word, for popcount agreement."""
-    n, k = codes.shape
-    out = np.zeros((n, k // 32, b), dtype=np.uint32)
-    for v in range(n):
-        for j in range(k):
-            c = codes[v, j]
-            for p in range(b):
-                if (c >> p) & 1:
-                    out[v, j >> 5, p] |= np.uint32(1) << np.uint32(j & 31)
-    return out
-
-
 @njit(nogil=True, parallel=True, cache=True)
-def _prefix_agreement(Qp, Xp, seg_words, out):
-    """out[a, s, r] = samples among the first 32·seg_words[s+1] on which query a and row r agree."""
-    n = Xp.shape[0]
-    b = Xp.shape[2]
-    for r in prange(n):
+def _prefix_agreement(Qp, Xp, bits, ks, out):
+    """out[a, s, r] = samples among the first ks[s] on which the low ``bits`` bits of query a and row r
+    agree (rows of bit planes as :func:`gmmlsh.core.codes.bit_planes` lays them out; ``ks`` ascending)."""
+    words = Xp.shape[1] // bits
+    for r in prange(Xp.shape[0]):
         x = Xp[r]
         for a in range(Qp.shape[0]):
             q = Qp[a]
             c = np.uint64(0)
             s = 0
-            for w in range(seg_words[-1]):
-                m = np.uint64(0xFFFFFFFF)
-                for p in range(b):
-                    m &= ~np.uint64(q[w, p] ^ x[w, p])
-                c += _pop32(m & np.uint64(0xFFFFFFFF))
-                if w + 1 == seg_words[s + 1]:
-                    out[a, s, r] = np.uint16(c)
+            for w in range((ks[-1] + WORD - 1) // WORD):
+                d = q[w] ^ x[w]
+                for p in range(1, bits):
+                    d |= q[p * words + w] ^ x[p * words + w]
+                same = ~d
+                while s < ks.shape[0] and ks[s] <= WORD * (w + 1):
+                    m = ks[s] - WORD * w  # samples of this word in the prefix
+                    keep = same if m == WORD else same & ((np.uint64(1) << np.uint64(m)) - np.uint64(1))
+                    out[a, s, r] = np.uint16(c + popcount(keep))
                     s += 1
+                c += popcount(same)
 
 
 def _score_rank(S: np.ndarray, C: int, truth10: np.ndarray) -> tuple[list[float], list[float], list[list[int]]]:
@@ -703,11 +685,11 @@ def _score_rank(S: np.ndarray, C: int, truth10: np.ndarray) -> tuple[list[float]
 def samples_to_recall(ds: Dataset, truth: Truth, st: Settings, log: Callable[[str], None]) -> dict:
     """Each sketch ranks the whole index by its estimate (no rerank) and is scored against its own kernel.
 
-    GCWS agreement (8-bit codes as the index stores them, and the 2 bits it ranks by) against the
+    GCWS agreement (8-bit codes as the index stores them, and their low 2 bits) against the
     exact GMM neighbours; NRFF dot products against the exact RBF neighbours (= cosine ones).
     """
     n, nq = ds.X.shape[0], ds.Q.shape[0]
-    ks = [k for k in st.recall_ks if k % 32 == 0]
+    ks = list(st.recall_ks)
     K = max(ks)
     C = min(100, max(K_NN, n // 20))
     rng = np.random.default_rng(SEED)
@@ -737,19 +719,19 @@ def samples_to_recall(ds: Dataset, truth: Truth, st: Settings, log: Callable[[st
     ix_ = gcws.sketch(ds.f64(ds.X), K, SEED)
     iq_ = gcws.sketch(ds.f64(ds.Q), K, SEED)
     log(f"  GCWS sketches (k={K}) of {n:,} + {nq:,} rows: {time.perf_counter() - t:.1f}s")
-    seg_words = np.array([0] + [k // 32 for k in ks], dtype=np.int64)
+    ks_arr = np.array(ks, dtype=np.int64)
     gmm10 = truth.gmm[:, :K_NN]
     for b in (8, 2):
-        Xp = _bitplanes(gcws.bbit_codes(ix_, b, SEED), b)
-        Qp = _bitplanes(gcws.bbit_codes(iq_, b, SEED), b)
+        Xp = bit_planes(codes.bbit_codes(ix_, b, SEED), b)
+        Qp = bit_planes(codes.bbit_codes(iq_, b, SEED), b)
 
-        def gblocks(Xp=Xp, Qp=Qp) -> Iterator[tuple[int, int, list]]:
+        def gblocks(Xp=Xp, Qp=Qp, b=b) -> Iterator[tuple[int, int, list]]:
             step = 50
             buf = np.empty((step, len(ks), n), dtype=np.uint16)
             for lo in range(0, nq, step):
                 hi = min(nq, lo + step)
                 with PARALLEL_LOCK:
-                    _prefix_agreement(Qp[lo:hi], Xp, seg_words, buf[: hi - lo])
+                    _prefix_agreement(Qp[lo:hi], Xp, b, ks_arr, buf[: hi - lo])
                 jitter = rng.random((hi - lo, n), dtype=np.float32)  # random tie-break of integer counts
                 yield lo, hi, [buf[: hi - lo, i].astype(np.float32) + jitter for i in range(len(ks))]
 
@@ -795,24 +777,20 @@ def samples_needed(ks: Sequence[int], values: Sequence[float], target: float) ->
 def _draw_recall_qps(ax, speed: dict, annotate: bool) -> None:
     series: dict[str, list[dict]] = {}
     for p in speed["points"]:
-        key = p["series"] if p["series"] != "lsh buckets" else f"lsh buckets, {p['setting'].split()[0]}"
-        series.setdefault(key, []).append(p)
-    markers = {"lsh scan": "o", "exact": "s", "nrff": "^", "pynndescent": "D"}
+        series.setdefault(p["series"], []).append(p)
+    markers = {"lsh": "o", "nrff": "^", "pynndescent": "D"}
+    single = {"exact": lambda p: "s" if "index" in p["setting"] else "P", "lsh default": lambda p: "*"}
     for key, pts in series.items():
-        base = key.split(",")[0]
-        color = COLORS.get(base, "tab:cyan")
-        if key.startswith("lsh buckets"):
-            bands = int(key.split("=")[1])
-            color = {40: "#9ecae1", 60: "#4292c6", 80: "#08519c"}.get(bands, "tab:cyan")
-        if base == "exact":
+        color = COLORS.get(key, "tab:cyan")
+        if key in single:  # one point per setting, not a curve
             for p in pts:
-                ax.scatter([p["recall"]], [p["qps"]], color="black", marker="s" if "index" in p["setting"] else "P",
-                           s=60, zorder=3, label=f"exact ({p['setting']})")
+                ax.scatter([p["recall"]], [p["qps"]], color=color, marker=single[key](p), s=90, zorder=3,
+                           label=f"{key} ({p['setting']})")
             continue
         # in the order of the knob (C, ε): the curve is what turning it buys
-        ax.plot([p["recall"] for p in pts], [p["qps"] for p in pts], marker=markers.get(base, "v"), color=color,
-                label=key, linestyle="-" if base != "lsh buckets" else "--")
-        if annotate and base in ("lsh scan", "pynndescent"):
+        ax.plot([p["recall"] for p in pts], [p["qps"] for p in pts], marker=markers.get(key, "v"), color=color,
+                label=key)
+        if annotate and key in ("lsh", "pynndescent"):
             for p in pts:
                 ax.annotate(p["setting"].replace("epsilon", "ε"), (p["recall"], p["qps"]), fontsize=7,
                             xytext=(3, 4), textcoords="offset points", color=color)
@@ -832,7 +810,7 @@ def fig_recall_qps(speed: dict, title: str) -> Figure:
                   textcoords="offset points")
     full.set_title("all methods", fontsize=10)
     _draw_recall_qps(zoom, speed, annotate=True)
-    near = [p["recall"] for p in speed["points"] if p["series"] in ("lsh scan", "lsh buckets", "pynndescent")]
+    near = [p["recall"] for p in speed["points"] if p["series"] in ("lsh", "lsh default", "pynndescent")]
     lo = max(0.0, min(near) - 0.02) if near else 0.0
     zoom.set_xlim(lo, 1.005)
     zoom.set_title(f"zoom: recall ≥ {lo:.2f}", fontsize=10)
@@ -1046,8 +1024,12 @@ def markdown(r: dict) -> str:
     for p in sp_["points"]:
         sc = "" if p["scored"] is None else f"{p['scored']:,.0f}"
         L.append(f"| {p['series']} | {p['setting']} | {p['recall']:.4f} | {p['qps']:,.0f} | {sc} | {p['queries']:,} |")
-    L += ["", f"Recall is against the exact GMM top-10. `lsh scan` ranks every in-memory 2-bit sketch and reranks "
-          f"the best C by exact GMM; `lsh buckets` reads the first N LSH buckets instead (`bands=N`). `nrff` ranks by "
+    search = sp_["search"]
+    tuned = (f"the search its tuner chose at the end of the build (on {search['tuned_on']})"
+             if search["tuned_at_rows"] else "the untuned defaults (too few rows to tune)")
+    L += ["", f"Recall is against the exact GMM top-10. `lsh default` is the index's default query, {tuned}: "
+          f"{_tuned_label(search).removeprefix('tuned: ')}. `lsh` is that search with the rerank budget C "
+          f"(rows scored by exact GMM) set by the query. `nrff` ranks by "
           f"the RBF kernel (k={NRFF_K}, γ={NRFF_GAMMA:g}), so its recall of GMM neighbours is capped near the "
           f"overlap of exact RBF (= cosine) and GMM neighbours: {sp_['rbf_ceiling']:.3f}."]
     if sp_.get("peer_note"):
@@ -1089,7 +1071,8 @@ def markdown(r: dict) -> str:
                  + " | ".join("—" if x is None else f"{x:,.0f}" for x in need) + " |")
     L += ["", f"Recall@10 within the top {C} by the sketch estimate alone (what a rerank of C = {C} could reach), "
           "each sketch scored against its own kernel's exact neighbours. GCWS b=8 are the codes the index stores, "
-          "b=2 the bits its scan ranks by; NRFF features are float32 (4 bytes a sample, against b/8 for GCWS)."]
+          "b=2 their low bits, which its first stage reads (of 256 samples) and its ranking at rank_bits=2; "
+          "NRFF features are float32 (4 bytes a sample, against b/8 for GCWS)."]
     if any(m["knn_accuracy"] for m in sr["methods"].values()):
         L += ["", f"| sketch-only {K_NN}-NN accuracy | " + " | ".join(f"k={k}" for k in sr["ks"]) + " |",
               "|---|" + "---:|" * len(sr["ks"])]
@@ -1179,7 +1162,7 @@ def run(ds: Dataset, st: Settings, out: Path, command: str, log: Callable[[str],
         agree = np.mean([np.isin(a, b[:K_NN]).mean() for a, b in zip(nrff_index_top10, nrff_ids[:m], strict=True)])
         sets = {"GMM exact": truth.gmm, "GMM lsh": lsh_knn, "RBF via nrff": nrff_ids, "cosine": truth.cosine,
                 "L2": truth.l2}
-        labels = {"GMM exact": "GMM, exact", "GMM lsh": "GMM, lsh (scan, C=200)",
+        labels = {"GMM exact": "GMM, exact", "GMM lsh": "GMM, lsh (tuned default)",
                   "RBF via nrff": f"RBF via nrff (k={NRFF_K}, γ={NRFF_GAMMA:g})",
                   "cosine": "cosine, exact (= RBF exact, any γ)", "L2": "L2 (Euclidean), exact"}
         right = {name: knn_correct(ids, ds.y, ds.qy, KNN_KS) for name, ids in sets.items()}

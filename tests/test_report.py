@@ -3,7 +3,7 @@
 The figures are checked on the live matplotlib objects the report returns and on
 the ``figures.json`` sidecar it writes, so an empty or unlabelled plot fails here
 rather than in a reader's browser. One run on Fashion-MNIST in process; one on a
-small labelled LIBSVM file through ``gmmlsh bench --data FILE`` as users run it.
+small labelled LIBSVM file through ``gmmlsh bench report --data FILE`` as users run it.
 """
 
 from __future__ import annotations
@@ -80,7 +80,11 @@ def test_quick_report_on_fashion_mnist_has_every_figure_labelled_and_filled(tmp_
     # the numbers behind the pictures are sane, not just present
     pts = {(p["series"], p["setting"]): p for p in data["speed"]["points"]}
     assert pts[("exact", "in-memory numba scan")]["recall"] == pytest.approx(1.0)
-    assert pts[("lsh scan", "C=400")]["recall"] >= 0.95
+    assert pts[("lsh", "C=400")]["recall"] >= 0.95
+    search = data["speed"]["search"]
+    assert [p["setting"] for p in data["speed"]["points"] if p["series"] == "lsh default"] == \
+        [report_mod._tuned_label(search)]
+    assert search["tuned_at_rows"] == 1500  # tuned by the build's maintain()
     assert all(p["qps"] > 0 for p in pts.values())
     assert {b["method"].split(" (")[0] for b in data["speed"]["builds"]} >= {"exact"}
     acc = data["knn"]["accuracy"]
@@ -122,8 +126,8 @@ def test_report_on_a_labelled_libsvm_file_through_gmmlsh_bench(tmp_path):
     out = tmp_path / "rep"
     env = dict(os.environ)
     env.setdefault("NUMBA_NUM_THREADS", "2")
-    r = subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", "bench", "--data", str(data_file),
-                        "--out", str(out), "--quick", "--no-peer"],
+    r = subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", "bench", "report", "--data", data_file.name,
+                        "--out", "rep", "--quick", "--no-peer"],
                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data, _ = check_folder(out, ALWAYS + LABELLED)
@@ -134,18 +138,23 @@ def test_report_on_a_labelled_libsvm_file_through_gmmlsh_bench(tmp_path):
     assert "small.svm" in (out / "report.md").read_text()
 
 
-def test_bench_report_options_are_passed_through(tmp_path, monkeypatch):
-    """``gmmlsh bench --data F --out D -- --n 5`` runs bench.report with absolute paths (no run here)."""
-    from gmmlsh.service import cli
+def test_bench_report_options_are_passed_through(tmp_path, monkeypatch, capsys):
+    """``gmmlsh bench report ARGS`` runs ``python -P -m bench.report ARGS`` in the caller's directory (no run here)."""
+    from gmmlsh.service.cli import bench, main
 
     calls = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda argv, **kw: calls.append((argv, kw)) or 0)
-    f = tmp_path / "x.npy"
-    np.save(f, np.ones((3, 2)))
+    monkeypatch.setattr(bench.subprocess, "call", lambda argv, **kw: calls.append((argv, kw)) or 0)
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["bench", "--data", "x.npy", "--out", "r", "--quick", "--", "--n", "5"]) == 0
-    argv = calls[0][0]
-    assert argv[1:3] == ["-m", "bench.report"]
-    assert argv[3:] == ["--data", str(f.resolve()), "--out", str((tmp_path / "r").resolve()), "--quick", "--n", "5"]
-    assert cli.main(["bench", "report", "--quick"]) == 0 and calls[1][0][3:] == ["--quick"]
-    assert cli.main(["bench", "--data", "missing.svm"]) == 2
+    args = ["--data", "x.npy", "--out", "r", "--quick"]
+    assert main(["bench", "report", *args]) == 0
+    (argv, kw), = calls
+    assert argv == [sys.executable, "-P", "-m", "bench.report", *args]
+    assert Path(kw.get("cwd") or os.getcwd()).resolve() == tmp_path.resolve()  # relative paths mean the caller's
+    env = kw.get("env") or os.environ
+    assert str(ROOT) in env["PYTHONPATH"].split(os.pathsep)  # bench/'s parent: ``-P`` leaves the cwd off sys.path
+    assert main(["bench", "report", "--", "--n", "5"]) == 0 and calls[1][0][4:] == ["--n", "5"]
+    capsys.readouterr()
+    assert main(["bench", "--list"]) == 0
+    assert "report" in capsys.readouterr().out.split()
+    assert main(["bench", "no_such_bench", "--quick"]) == 2
+    assert len(calls) == 2
