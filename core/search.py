@@ -202,19 +202,34 @@ def row_cosine(qbuf, q_l2, voff, vi, vf, r):
 
 
 @njit(nogil=True, cache=True)
-def sparse_rows_csr(voff, vi, vf, rows):
-    """The sparse mirror rows ``rows`` (kind ≠ 0) as CSR arrays (indptr, indices, values)."""
-    indptr = np.zeros(rows.shape[0] + 1, dtype=np.int64)
-    for t in range(rows.shape[0]):
-        indptr[t + 1] = indptr[t] + vi[voff[rows[t]]]
-    indices = np.empty(indptr[-1], dtype=np.int32)
-    values = np.empty(indptr[-1], dtype=np.float32)
-    for t in range(rows.shape[0]):
-        off = voff[rows[t]]
-        c = vi[off]
-        indices[indptr[t]:indptr[t + 1]] = vi[off + 2:off + 2 + c]
-        values[indptr[t]:indptr[t + 1]] = vf[off + 2 + c:off + 2 + 2 * c]
-    return indptr, indices, values
+def postings_count(voff, vi, rows, dim):
+    """Postings start of every coordinate (``dim + 1``, int64) over the sparse mirror rows
+    ``rows``: the first pass of building postings without a second copy of the rows."""
+    starts = np.zeros(dim + 1, dtype=np.int64)
+    for r in rows:
+        off = voff[r]
+        for t in vi[off + 2:off + 2 + vi[off]].view(np.uint32):
+            starts[t + 1] += 1
+    for c in range(dim):
+        starts[c + 1] += starts[c]
+    return starts
+
+
+@njit(nogil=True, cache=True)
+def postings_fill(voff, vi, vf, rows, starts, out_rows, out_vals):
+    """The second pass: each coordinate's rows (ascending) and values, written into the
+    (memory-mapped) outputs at ``starts``."""
+    at = starts[:-1].copy()
+    for r in rows:
+        off = voff[r]
+        count = vi[off]
+        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        vals = vf[off + 2 + count:off + 2 + 2 * count]
+        for p in range(count):
+            t = idx[p]
+            out_rows[at[t]] = r
+            out_vals[at[t]] = vals[p]
+            at[t] += 1
 
 
 @njit(nogil=True, cache=True)

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 from gmmlsh.core.ivf import assign, kmodes
-from gmmlsh.core.search import sparse_rows_csr
+from gmmlsh.core.search import postings_count, postings_fill
 
 #: Rows per inverted list the centroids aim for.
 LIST_ROWS = 512
@@ -108,18 +107,27 @@ def build(directory: Path, view, previous: Generation | None, dim: int, seed: in
     live = np.flatnonzero(alive[:rows])
     dense = view.vi[view.voff[live] + 1] == 0
     sparse_rows = live[~dense]
-    indptr, indices, values = sparse_rows_csr(view.voff, view.vi, view.vf, sparse_rows)
-    csc = sp.csr_matrix((values, indices, indptr), shape=(sparse_rows.shape[0], dim)).tocsc()
-    postings = {"post_starts": csc.indptr.astype(np.int64), "post_rows": sparse_rows[csc.indices].astype(np.uint32),
-                "post_vals": csc.data.astype(np.float32), "dense_rows": live[dense].astype(np.uint32)}
     number = 1 if previous is None else previous.number + 1
     name = f"gen-{number:06d}"
     tmp = directory / f".{name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for key, value in (("centroids", centroids), ("starts", starts), ("lrows", members[order].astype(np.uint32)),
-                       ("lfirst", np.ascontiguousarray(F[order])), *postings.items()):
+                       ("lfirst", np.ascontiguousarray(F[order])), ("dense_rows", live[dense].astype(np.uint32))):
         np.save(tmp / f"{key}.npy", value)
+    del F, members, labels, order
+    # Postings are written straight into their files, coordinate by coordinate (two passes
+    # over the rows): no in-memory copy of the sparse rows, whatever the index's size.
+    post_starts = postings_count(view.voff, view.vi, sparse_rows, dim)
+    np.save(tmp / "post_starts.npy", post_starts)
+    post_rows, post_vals = (np.lib.format.open_memmap(tmp / f"{key}.npy", mode="w+", dtype=dtype,
+                                                      shape=(int(post_starts[-1]),))
+                            for key, dtype in (("post_rows", np.uint32), ("post_vals", np.float32)))
+    if post_starts[-1]:
+        postings_fill(view.voff, view.vi, view.vf, sparse_rows, post_starts, post_rows, post_vals)
+    post_rows.flush()
+    post_vals.flush()
+    del post_rows, post_vals
     (tmp / "meta.json").write_text(json.dumps({"number": number, "rows": rows, "clustered_rows": clustered}))
     for f in tmp.iterdir():
         fd = os.open(f, os.O_RDONLY)

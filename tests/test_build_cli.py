@@ -444,28 +444,35 @@ def _write_big_npy(path: Path, rows: int, dim: int, nnz: int) -> None:
             f.write(block.tobytes())
 
 
-def _peak_rss_of(proc: subprocess.Popen, every: float = 0.02) -> int:
-    """The child's VmHWM (its own peak RSS, bytes), polled until it exits.
+def _peak_memory_of(proc: subprocess.Popen, every: float = 0.01) -> tuple[int, int]:
+    """The child's peak anonymous memory (RssAnon, polled) and VmHWM (bytes), until it exits.
 
-    Not ``ru_maxrss``: a child started with vfork+exec inherits the parent's
-    high-water mark in it, so a large test process would be counted.
+    Anonymous memory is what the build itself holds. VmHWM also counts the pages of the
+    files it maps (LMDB's data file, the search mirror): page cache, shared and reclaimed
+    by the kernel under pressure, which grows with the index, not with the build's buffers.
+    Not ``ru_maxrss``: a child started with vfork+exec inherits the parent's high-water mark.
     """
-    hwm = 0
+    anon = hwm = 0
     while proc.poll() is None:
         try:
             with open(f"/proc/{proc.pid}/status") as f:
                 for line in f:
-                    if line.startswith("VmHWM:"):
-                        hwm = max(hwm, int(line.split()[1]) * 1024)
+                    if line.startswith(("VmHWM:", "RssAnon:")):
+                        value = int(line.split()[1]) * 1024
+                        if line.startswith("VmHWM:"):
+                            hwm = max(hwm, value)
+                        else:
+                            anon = max(anon, value)
         except OSError:
             pass
         time.sleep(every)
-    return hwm
+    return anon, hwm
 
 
 @pytest.mark.slow
-def test_peak_rss_building_from_a_2gb_npy_stays_under_600mb(tmp_path):
-    """2 GiB float32 .npy (524,288 × 1,024; 16 nonzeros per row so hashing is quick, and stored sparse), 16 samples."""
+def test_peak_memory_building_from_a_2gb_npy_stays_under_400mb(tmp_path):
+    """2 GiB float32 .npy (524,288 × 1,024; 16 nonzeros per row so hashing is quick, and stored sparse), 16 samples:
+    the build's own memory stays bounded (chunks, hashing, the search mirror's lists and postings written to files)."""
     rows, dim, nnz = 524_288, 1024, 16
     need = rows * dim * 4
     if shutil.disk_usage(tmp_path).free < need + (3 << 30):
@@ -477,13 +484,14 @@ def test_peak_rss_building_from_a_2gb_npy_stays_under_600mb(tmp_path):
            "--samples", "16", "--no-progress", "--json"]
     with open(tmp_path / "out", "wb") as fo, open(tmp_path / "err", "wb") as fe:
         proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=fo, stderr=fe)
-    peak = _peak_rss_of(proc)
+    anon, hwm = _peak_memory_of(proc)
     assert proc.returncode == 0, (tmp_path / "err").read_text()
     summary = json.loads((tmp_path / "out").read_text())
     assert summary["count"] == rows
-    print(f"peak RSS {peak / 2**20:.0f} MiB building {rows:,} rows ({need / 2**30:.1f} GiB .npy) "
-          f"in {summary['seconds']:.0f} s; index {summary['index_bytes'] / 2**20:.0f} MiB")
-    assert 0 < peak < 600 * 2**20
+    print(f"peak anonymous memory {anon / 2**20:.0f} MiB (VmHWM with mapped files {hwm / 2**20:.0f} MiB) building "
+          f"{rows:,} rows ({need / 2**30:.1f} GiB .npy) in {summary['seconds']:.0f} s; "
+          f"index {summary['index_bytes'] / 2**20:.0f} MiB")
+    assert 0 < anon < 400 * 2**20
 
 
 # --- acceptance 5: the server serves what the build wrote ---------------------------------------------
