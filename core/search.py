@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from gmmlsh.core.codes import WORD, agreement
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
-from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
+from gmmlsh.core.intrinsics import CACHE_LINE, popcount, prefetch, prefetch_flat
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement
 from gmmlsh.core.parallel import twin_kernels
 
@@ -62,6 +62,18 @@ def row_gmm(qbuf, qn, voff, vi, vf, norms, r):
     return _ratio(s, qn, norms[r])
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _cut(hist, count):
+    """The lowest score kept when taking the ``count`` best of a histogram of scores, and
+    how many entries scoring exactly that are taken (ties go to the earliest)."""
+    cut = hist.shape[0] - 1
+    taken = 0
+    while cut > 0 and taken + hist[cut] < count:
+        taken += hist[cut]
+        cut -= 1
+    return cut, count - taken
+
+
 @njit(nogil=True, cache=True)
 def select(ids, scores, m, count, top):
     """The ``count`` entries of ``ids[:m]`` with the highest ``scores`` (integers in
@@ -71,27 +83,34 @@ def select(ids, scores, m, count, top):
     """
     if count >= m:
         return ids[:m].copy()
-    hist = np.zeros(top + 2, dtype=np.int64)
+    hist = np.zeros(top + 1, dtype=np.int64)
     for t in range(m):
         hist[scores[t]] += 1
-    cut = top
-    taken = 0
-    while cut > 0 and taken + hist[cut] < count:
-        taken += hist[cut]
-        cut -= 1
-    room = count - taken
+    cut, room = _cut(hist, count)
     out = np.empty(count, dtype=ids.dtype)
     k = 0
     for t in range(m):
         s = scores[t]
-        if s > cut:
-            out[k] = ids[t]
-            k += 1
-        elif s == cut and room > 0:
-            room -= 1
+        if s > cut or (s == cut and room > 0):
+            room -= s == cut
             out[k] = ids[t]
             k += 1
     return out[:k]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _first_scores(rows_first, lo, hi, qf, scores, at, hist):
+    """First-stage scores of rows ``[lo, hi)`` of a first-stage array into ``scores[at:]``,
+    counted in ``hist``; the query's eight words are held in registers."""
+    q0, q1, q2, q3, q4, q5, q6, q7 = qf[0], qf[1], qf[2], qf[3], qf[4], qf[5], qf[6], qf[7]
+    for e in range(lo, hi):
+        f = rows_first[e]
+        s = (popcount(~((f[0] ^ q0) | (f[4] ^ q4))) + popcount(~((f[1] ^ q1) | (f[5] ^ q5)))
+             + popcount(~((f[2] ^ q2) | (f[6] ^ q6))) + popcount(~((f[3] ^ q3) | (f[7] ^ q7))))
+        scores[at] = s
+        hist[s] += 1
+        at += 1
+    return at
 
 
 @njit(nogil=True, cache=True)
@@ -100,7 +119,8 @@ def search(qp, qf, words, qbuf, qn, exclude, centroids, starts, lrows, lfirst, f
     """One query: returns (rows written to ``out_rows``/``out_sims``, rows scanned).
 
     1. the ``probes`` lists whose centroids agree best with the query (all when
-       ``probes`` ≥ their number), plus the tail, scored on first-stage rows;
+       ``probes`` ≥ their number), plus the tail, scored on first-stage rows (read
+       contiguously; only the scores are written, and counted as they go);
     2. the ``shortlist`` best of those, scored on the low ``rank_planes`` bits of
        every sample;
     3. the ``rerank`` best of those, scored by exact GMM (unsorted; the caller ranks).
@@ -116,29 +136,44 @@ def search(qp, qf, words, qbuf, qn, exclude, centroids, starts, lrows, lfirst, f
     total = tail_hi - tail_lo
     for c in chosen:
         total += starts[c + 1] - starts[c]
-    rows = np.empty(total, dtype=np.int64)
-    scores = np.empty(total, dtype=np.int64)
+    scores = np.empty(total, dtype=np.uint16)
+    hist = np.zeros(_FIRST_TOP + 1, dtype=np.int64)
     m = 0
     for c in chosen:
+        m = _first_scores(lfirst, starts[c], starts[c + 1], qf, scores, m, hist)
+    m = _first_scores(first, tail_lo, tail_hi, qf, scores, m, hist)
+    # The shortlist, in scan order. Retired rows and ``exclude`` are dropped in the next
+    # pass, not here: a live-flag read per scanned row (random rows) tripled the scan's time.
+    cut, room = _cut(hist, shortlist)
+    short = np.empty(min(shortlist, m), dtype=np.int64)
+    k = 0
+    t = 0
+    for c in chosen:
         for e in range(starts[c], starts[c + 1]):
-            rows[m] = lrows[e]
-            scores[m] = first_agreement(lfirst[e], qf)
-            m += 1
+            s = scores[t]
+            t += 1
+            if s > cut or (s == cut and room > 0):
+                room -= s == cut
+                short[k] = lrows[e]
+                k += 1
     for r in range(tail_lo, tail_hi):
-        rows[m] = r
-        scores[m] = first_agreement(first[r], qf)
-        m += 1
-    # Retired rows and ``exclude`` are dropped here, not in the scan above: a live-flag
-    # read per scanned row (random rows) tripled the scan's time.
-    short = select(rows, scores, m, shortlist, _FIRST_TOP)
-    ranked = np.empty(short.shape[0], dtype=np.int64)
-    for t in range(short.shape[0]):
-        if t + _AHEAD < short.shape[0]:
+        s = scores[t]
+        t += 1
+        if s > cut or (s == cut and room > 0):
+            room -= s == cut
+            short[k] = r
+            k += 1
+    short = short[:k]
+    ranked = np.empty(k, dtype=np.int64)
+    for t in range(k):
+        if t + _AHEAD < k:
+            ahead = short[t + _AHEAD]
+            prefetch_flat(alive, ahead)
             for w in range(0, rank_planes * words, _LINE_WORDS):
-                prefetch(planes, short[t + _AHEAD], w)
+                prefetch(planes, ahead, w)
         r = short[t]
         ranked[t] = agreement(planes[r], qp, words, rank_planes, words) if alive[r] and r != exclude else 0
-    best = select(short, ranked, short.shape[0], rerank, words * WORD)
+    best = select(short, ranked, k, rerank, words * WORD)
     n = 0
     for t in range(best.shape[0]):
         if t + _AHEAD < best.shape[0]:  # the next rows' vectors, while this one is scored

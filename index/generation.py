@@ -26,6 +26,7 @@ import numpy as np
 
 from gmmlsh.core.ivf import assign, kmodes
 from gmmlsh.core.search import postings_count, postings_fill
+from gmmlsh.index.columns import huge_pages
 
 #: Rows per inverted list the centroids aim for.
 LIST_ROWS = 512
@@ -62,8 +63,7 @@ class Generation:
     @classmethod
     def load(cls, directory: Path) -> Generation:
         meta = json.loads((directory / "meta.json").read_text())
-        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r").view(np.ndarray)
-                  for name in _ARRAYS}
+        arrays = {name: huge_pages(np.load(directory / f"{name}.npy", mmap_mode="r")) for name in _ARRAYS}
         return cls(number=meta["number"], rows=meta["rows"], clustered_rows=meta["clustered_rows"], **arrays)
 
 
