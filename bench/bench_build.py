@@ -23,8 +23,7 @@ import numba
 import numpy as np
 
 from bench.bench_http import start_server
-from bench.bench_index import gmm_distance
-from bench.common import DATA, emit, start_redis
+from bench.common import DATA, emit, gmm_distance, start_redis
 
 
 def cli_build(args: list[str]) -> tuple[float, dict]:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 DATA = Path(os.environ.get("GMMLSH_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -64,3 +65,18 @@ def emit(lines: list[str], out: Path | None) -> str:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     return text
+
+
+@njit(fastmath=True, cache=True)
+def gmm_distance(x, y):
+    """1 − GMM, the metric pynndescent is given (its metrics are distances)."""
+    s = 0.0
+    nx = 0.0
+    ny = 0.0
+    for i in range(x.shape[0]):
+        a = x[i]
+        b = y[i]
+        s += max(min(a, b), 0.0) - min(max(a, b), 0.0)
+        nx += abs(a)
+        ny += abs(b)
+    return 1.0 - s / (nx + ny - s)

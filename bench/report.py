@@ -476,7 +476,7 @@ def peer_points(ds: Dataset, t10: np.ndarray, st: Settings, log: Callable[[str],
     try:
         from pynndescent import NNDescent
 
-        from bench.bench_index import gmm_distance
+        from bench.common import gmm_distance
     except ImportError:
         return None
     X, Q = ds.X, ds.Q

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
-from gmmlsh.index.columns import Blobs, Column
+from gmmlsh.index.columns import Blobs, Column, populate
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.generation import Generation
 from gmmlsh.index.records import DENSE, decode_vector
@@ -103,6 +104,7 @@ class Mirror:
     def __init__(self, directory: str | os.PathLike, config: IndexConfig):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._state_file = str(self._state_path)  # stat()ed by every query: no Path arithmetic there
         self.config = config
         self.words = plane_words(config.samples)
         self._lock = threading.RLock()
@@ -148,7 +150,7 @@ class Mirror:
 
     def _stamp(self) -> tuple | None:
         try:
-            st = os.stat(self._state_path)
+            st = os.stat(self._state_file)
         except OSError:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_size
@@ -316,6 +318,19 @@ class Mirror:
         if generation is not None and old and old != generation:
             shutil.rmtree(self.dir / old, ignore_errors=True)  # mapped elsewhere: stays readable there
         return self.view
+
+    def populate(self) -> float:
+        """Map the columns a query reads into this process ahead of the queries (one worker's
+        first queries would otherwise each take page faults); returns the seconds it took."""
+        t0 = time.perf_counter()
+        view = self.refresh()
+        hot = [view.alive, view.norms, view.planes, view.first, view.voff, view.vf]
+        if view.generation is not None:
+            g = view.generation
+            hot += [g.centroids, g.starts, g.lrows, g.lfirst]
+        for array in hot:
+            populate(array)
+        return time.perf_counter() - t0
 
     def disk_bytes(self) -> int:
         """Bytes of disk the mirror takes."""

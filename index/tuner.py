@@ -21,6 +21,7 @@ its real queries as soon as it has :data:`MIN_QUERIES` of them.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from dataclasses import replace
@@ -63,7 +64,7 @@ class QuerySample:
         self.size = size
         self.seen = 0
         self.rows: list = []
-        self._rng = np.random.default_rng(seed)
+        self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
     def add(self, X32) -> None:
@@ -74,7 +75,7 @@ class QuerySample:
                 if len(self.rows) < self.size:
                     self.rows.append(X32[i:i + 1].copy())
                 else:
-                    j = int(self._rng.integers(self.seen))
+                    j = self._rng.randrange(self.seen)
                     if j < self.size:
                         self.rows[j] = X32[i:i + 1].copy()
 

@@ -107,6 +107,7 @@ def _bring_mirror_up_to_date(index: Index) -> None:
         log.warning("search mirror not brought up to date at start: %s", exc)
         return
     log.info("search mirror up to date: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
+    log.info("search mirror mapped into this worker in %.2f s", index.mirror.populate())
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

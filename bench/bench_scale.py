@@ -1,0 +1,315 @@
+"""How gmmlsh scales: queries/s, recall, build and memory against n, beside pynndescent.
+
+    python -m bench.bench_scale [--sizes 60000,240000,1000000] [--backends lmdb,redis]
+                                [--queries 1000] [--rounds 3] [--no-peer] [--memory]
+                                [--out bench/out/scale.md] [--plot docs/scale.png]
+
+Data: Fashion-MNIST grown to each n by :mod:`bench.scale_data` (shifted, rescaled
+copies); queries: the first test images; truth: exact GMM. For each n and backend:
+
+* ``gmmlsh build`` of the whole file, timed as a command (process start included);
+* 200 other test images served first (a server re-tunes on the queries it serves:
+  ``maintain()`` here, as its background upkeep would), then the timed queries, one
+  per call on one thread, with the index's own (tuned) search; recall@10 against the truth;
+* inserts after the build: batches of 1,000 new rows;
+* with ``--memory`` (LMDB, largest n): PSS and USS of ``gmmlsh serve`` with one and with
+  two workers, each warmed by queries over HTTP.
+
+pynndescent (numba GMM metric, ``n_neighbors=30``) is built on the same rows (2 threads)
+and queried on one thread at several ε; its rounds alternate with gmmlsh's, so both see
+the same machine. Its queries run as one batched call (its own API, its best case);
+gmmlsh's ``query_batch`` on one thread is shown beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from bench import scale_data
+from bench.common import emit, free_port, gmm_distance, start_redis
+from gmmlsh.index.index import Index
+
+WARM_QUERIES = 200  # served before timing, from test images 5,000+ (never timed)
+PEER_EPS = (0.02, 0.05, 0.1, 0.2)
+
+
+def _recall(found: list[list[str]], truth: np.ndarray) -> float:
+    return float(np.mean([len({int(i) for i in f} & set(t.tolist())) / truth.shape[1]
+                          for f, t in zip(found, truth, strict=True)]))
+
+
+def build(n: int, backend: str, workdir: Path, redis_url: str | None) -> tuple[dict, dict]:
+    """``gmmlsh build`` of the first n rows; returns (how to open the index, the build's summary)."""
+    src = scale_data.data_path(n)
+    scale_data.data(n)
+    if backend == "lmdb":
+        where = ["--index", str(workdir / f"lmdb-{n}")]
+        shutil.rmtree(workdir / f"lmdb-{n}", ignore_errors=True)
+        opened = {"location": str(workdir / f"lmdb-{n}")}
+    else:
+        where = ["--redis", redis_url, "--prefix", f"scale{n}", "--cache-dir", str(workdir / "cache")]
+        opened = {"location": redis_url, "prefix": f"scale{n}", "cache_dir": str(workdir / "cache")}
+    cmd = [sys.executable, "-m", "gmmlsh.service.cli", "build", str(src), *where, "--no-progress", "--json"]
+    t = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - t
+    summary = json.loads(out.stdout)
+    summary["command_seconds"] = seconds
+    return opened, summary
+
+
+def gmmlsh_round(ix: Index, Q: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
+    """(queries/s one per call, recall@10, mean rows scored exactly)."""
+    t = time.perf_counter()
+    res = [ix.query(q, k=10) for q in Q]
+    dt = time.perf_counter() - t
+    return len(Q) / dt, _recall([[n.id for n in r.neighbors] for r in res], truth), \
+        float(np.mean([r.candidates for r in res]))
+
+
+def gmmlsh_batched(ix: Index, Q: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+    t = time.perf_counter()
+    res = ix.query_batch(Q, k=10)
+    dt = time.perf_counter() - t
+    return len(Q) / dt, _recall([[n.id for n in r.neighbors] for r in res], truth)
+
+
+def inserts(ix: Index, n: int, batches: int = 5, size: int = 1000) -> float:
+    """Vectors/s of upserts in batches of ``size`` into the built index (new ids)."""
+    X = scale_data.extra(batches * size, n)
+    t = time.perf_counter()
+    for b in range(batches):
+        ix.upsert([f"new{n}-{b * size + i}" for i in range(size)], X[b * size:(b + 1) * size])
+    rate = batches * size / (time.perf_counter() - t)
+    ix.delete([f"new{n}-{i}" for i in range(batches * size)])
+    return rate
+
+
+def peer(X: np.ndarray):
+    """pynndescent on ``X`` with a numba GMM metric; returns (index, build seconds)."""
+    from pynndescent import NNDescent
+
+    numba.set_num_threads(2)
+    NNDescent(np.ascontiguousarray(X[:2000]), metric=gmm_distance, n_neighbors=30, random_state=0).prepare()
+    t = time.perf_counter()
+    nnd = NNDescent(X, metric=gmm_distance, n_neighbors=30, random_state=0, n_jobs=2, low_memory=True)
+    nnd.prepare()
+    seconds = time.perf_counter() - t
+    numba.set_num_threads(1)
+    nnd.query(X[:10], k=10)
+    return nnd, seconds
+
+
+def peer_round(nnd, Q: np.ndarray, truth: np.ndarray, eps: float) -> tuple[float, float]:
+    t = time.perf_counter()
+    idx, _ = nnd.query(Q, k=10, epsilon=eps)
+    dt = time.perf_counter() - t
+    return len(Q) / dt, _recall([[str(i) for i in row] for row in idx], truth)
+
+
+def _smaps(pid: int) -> tuple[int, int]:
+    """(PSS, USS) of a process in bytes."""
+    pss = uss = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key == "Pss":
+                pss = int(rest.split()[0]) * 1024
+            elif key in ("Private_Clean", "Private_Dirty"):
+                uss += int(rest.split()[0]) * 1024
+    return pss, uss
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def serve_memory(location: str, workers: int, Q: np.ndarray) -> dict:
+    """PSS/USS of ``gmmlsh serve`` (every process) after warm-up queries over HTTP."""
+    import httpx
+
+    port = free_port()
+    env = dict(os.environ, GMMLSH_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", "--index", location,
+                             "--port", str(port), "--workers", str(workers)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+            for _ in range(600):
+                try:
+                    if c.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+            time.sleep(5)  # each worker maps the mirror in the background at start
+            for q in Q[:400]:  # spread over the workers by the kernel's accept queue
+                c.post("/neighbors/search", json={"values": q.tolist(), "k": 10}).raise_for_status()
+        pids = [proc.pid, *_children(proc.pid)]
+        pss = uss = 0
+        for p in pids:
+            a, b = _smaps(p)
+            pss, uss = pss + a, uss + b
+        return {"workers": workers, "processes": len(pids), "pss": pss, "uss": uss}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def run(args) -> dict:
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gmmlsh-scale-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    Q = scale_data.queries(args.queries)
+    warm = np.load(scale_data.DATA / "fashion-mnist.npz")["test"][5000:5000 + WARM_QUERIES].astype(np.float32)
+    redis_proc, redis_url = (start_redis(workdir) if "redis" in args.backends else (None, None))
+    results: dict = {"sizes": {}, "queries": args.queries, "rounds": args.rounds}
+    try:
+        for n in sizes:
+            truth = scale_data.truth(n, args.queries)
+            entry: dict = {"gmmlsh": {}, "peer": None}
+            results["sizes"][n] = entry
+            for backend in args.backends.split(","):
+                numba.set_num_threads(2)
+                opened, summary = build(n, backend, workdir, redis_url)
+                ix = Index.open(**opened, maintain=False)  # the search stays fixed while timed
+                for q in warm:  # served queries, then what the server's upkeep does with them: re-tune
+                    ix.query(q, k=10)
+                upkeep = ix.maintain()
+                numba.set_num_threads(1)
+                ix.mirror.populate()
+                for q in Q[:100]:
+                    ix.query(q, k=10)
+                entry["gmmlsh"][backend] = {
+                    "build_s": summary["command_seconds"], "build_rate": n / summary["command_seconds"],
+                    "tuned_at_build": summary["upkeep"].get("tuned"), "retuned": upkeep.get("tuned"),
+                    "search": ix.stats()["search"], "rounds": [],
+                    "disk_bytes": ix.stats()["mirror"]["disk_bytes"], "store": ix.stats()["store"]}
+                entry["gmmlsh"][backend]["ix"] = ix
+                print(f"n={n:,} {backend}: built in {summary['command_seconds']:.1f} s, search "
+                      f"{entry['gmmlsh'][backend]['search']}", flush=True)
+            nnd = None
+            if args.peer:
+                X = np.ascontiguousarray(scale_data.data(n))
+                nnd, peer_s = peer(X)
+                entry["peer"] = {"build_s": peer_s, "rounds": {eps: [] for eps in PEER_EPS}}
+                del X
+            numba.set_num_threads(1)
+            for _ in range(args.rounds):  # alternating: every method sees the same minutes of the machine
+                for g in entry["gmmlsh"].values():
+                    g["rounds"].append(gmmlsh_round(g["ix"], Q, truth))
+                    g.setdefault("batched", []).append(gmmlsh_batched(g["ix"], Q, truth))
+                if nnd is not None:
+                    for eps in PEER_EPS:
+                        entry["peer"]["rounds"][eps].append(peer_round(nnd, Q, truth, eps))
+            for g in entry["gmmlsh"].values():  # inserts last: they leave the index's lists with a tail
+                ix = g.pop("ix")
+                g["inserts_per_s"] = inserts(ix, n)
+                ix.close()
+            del nnd
+            if args.memory and n == sizes[-1] and "lmdb" in entry["gmmlsh"]:
+                loc = str(workdir / f"lmdb-{n}")
+                entry["memory"] = [serve_memory(loc, w, Q) for w in (1, 2)]
+            print(json.dumps(entry, default=str)[:2000], flush=True)
+    finally:
+        if redis_proc is not None:
+            redis_proc.terminate()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def _best(rounds: list[tuple]) -> tuple:
+    """The round with the median queries/s (recall is the same in every round)."""
+    return sorted(rounds, key=lambda r: r[0])[len(rounds) // 2]
+
+
+def report(res: dict) -> list[str]:
+    L = ["| n | backend | build (whole command) | inserts/s (batches of 1,000) | search (tuned) | recall@10 | "
+         "queries/s, one per call | queries/s, `query_batch` | rows scored |",
+         "|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+    for n, e in res["sizes"].items():
+        for backend, g in e["gmmlsh"].items():
+            qps, rec, scored = _best(g["rounds"])
+            bq, _ = _best(g["batched"])
+            s = g["search"]
+            knobs = "exact" if s["exact"] else (f"probes {s['probes']}, shortlist {s['shortlist']}, "
+                                                f"{s['rank_bits']} bits, C {s['candidates']}")
+            L.append(f"| {n:,} | {backend} | {g['build_s']:.1f} s ({g['build_rate']:,.0f}/s) | "
+                     f"{g['inserts_per_s']:,.0f} | {knobs} | {rec:.3f} | {qps:,.0f} | {bq:,.0f} | {scored:.0f} |")
+    L += ["", "| n | pynndescent build (2 threads) | ε | recall@10 | queries/s (batched call) |",
+          "|---:|---:|---:|---:|---:|"]
+    for n, e in res["sizes"].items():
+        if e["peer"]:
+            for eps, rounds in e["peer"]["rounds"].items():
+                qps, rec = _best(rounds)
+                L.append(f"| {n:,} | {e['peer']['build_s']:.0f} s | {eps} | {rec:.3f} | {qps:,.0f} |")
+    for n, e in res["sizes"].items():
+        for m in e.get("memory", []):
+            L.append(f"\n`gmmlsh serve --workers {m['workers']}` at n = {n:,} ({m['processes']} processes): "
+                     f"PSS {m['pss'] / 2**30:.2f} GiB, USS {m['uss'] / 2**30:.2f} GiB")
+    return L
+
+
+def plot(res: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    sizes = list(res["sizes"])
+    for backend in ("lmdb", "redis"):
+        pts = [(n, _best(res["sizes"][n]["gmmlsh"][backend]["rounds"])) for n in sizes
+               if backend in res["sizes"][n]["gmmlsh"]]
+        if pts:
+            ax.plot([n for n, _ in pts], [r[0] for _, r in pts], "o-", label=f"gmmlsh ({backend}, tuned default)")
+    for eps in PEER_EPS:
+        pts = [(n, _best(res["sizes"][n]["peer"]["rounds"][eps])) for n in sizes if res["sizes"][n]["peer"]]
+        if pts:
+            ax.plot([n for n, _ in pts], [r[0] for _, r in pts], "s--", alpha=0.7, label=f"pynndescent ε={eps}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("vectors in the index (n)")
+    ax.set_ylabel("queries/s, one thread")
+    ax.set_title("Fashion-MNIST grown by shifted, rescaled copies")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="60000,240000,1000000")
+    p.add_argument("--backends", default="lmdb,redis")
+    p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-peer", dest="peer", action="store_false")
+    p.add_argument("--memory", action="store_true", help="PSS/USS of 1 and 2 serving workers at the largest n")
+    p.add_argument("--workdir", help="keep the indexes here (default: a temporary directory, removed)")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--plot", type=Path)
+    args = p.parse_args()
+    res = run(args)
+    if args.out:
+        args.out.with_suffix(".json").parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(res, default=str, indent=1))
+    emit(report(res), args.out)
+    if args.plot:
+        plot(res, args.plot)
+
+
+if __name__ == "__main__":
+    main()
