@@ -222,7 +222,9 @@ def test_ids_file_inline_vector_info_and_tuned_search(tmp_path, fm, capsys):
         assert ix.contains("img-999") and not ix.contains("999")
         tuned = ix.stats()["search"]
     code, out, _ = cli(capsys, "info", "--index", idx)
-    assert code == 0 and "vectors    1,000" in out and "512 samples" in out and "rerank" in out
+    # at 1,000 vectors brute force is cheaper than sketching a query: info says which was chosen
+    chosen = "exact (cheaper than any sketch search" if tuned["exact"] else f"rerank {tuned['candidates']}"
+    assert code == 0 and "vectors    1,000" in out and "512 samples" in out and chosen in out, out
     assert f"tuned at 1,000 vectors on {tuned['tuned_on']}" in out and "rows not listed yet" in out
     code, out, _ = cli(capsys, "info", "--index", idx, "--json")
     info = json.loads(out)
@@ -353,14 +355,17 @@ def test_libsvm_with_55000_plus_features_builds_and_answers(tmp_path, capsys):
     with Index.open(str(idx), None, create=False) as ix:
         dim = ix.config.dim
         assert dim >= 55000 and ix.get("3").indices is not None  # given sparse, stored sparse
-    # a vector from the file finds itself first, exactly
-    code, out, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "wide.libsvm", "--row", "123",
-                         "-k", "3", "--json")
-    assert code == 0, err
-    res = json.loads(out)
-    assert res["mode"] == "lsh" and res["neighbors"][0]["id"] == "123"
-    assert res["neighbors"][0]["similarity"] == pytest.approx(1.0)
-    assert res["neighbors"][0]["metadata"] == {"label": 123 % 5}
+        chosen = "exact" if ix.stats()["search"]["exact"] else "lsh"
+    # a vector from the file finds itself first, exactly: by the index's own choice (on 2,000 rows
+    # of 60,000 dimensions brute force is cheaper than sketching the query), and through the lists
+    for knobs, mode in (((), chosen), (("--candidates", "50"), "lsh")):
+        code, out, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "wide.libsvm", "--row",
+                             "123", "-k", "3", "--json", *knobs)
+        assert code == 0, err
+        res = json.loads(out)
+        assert res["mode"] == mode and res["neighbors"][0]["id"] == "123"
+        assert res["neighbors"][0]["similarity"] == pytest.approx(1.0)
+        assert res["neighbors"][0]["metadata"] == {"label": 123 % 5}
     code, out, _ = cli(capsys, "query", "--index", idx, "--id", "7", "-k", "5")
     assert code == 0 and "rank" in out and len(out.strip().splitlines()) == 7, out
     found = [int(line.split()[1]) for line in out.strip().splitlines()[2:]]

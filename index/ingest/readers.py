@@ -178,7 +178,7 @@ class Reader:
 
     @property
     def chunk_rows(self) -> int:
-        return self._chunk_rows or auto_chunk_rows(self.dim)
+        return self._chunk_rows or auto_chunk_rows(self.dim, self.sparse)
 
     @chunk_rows.setter
     def chunk_rows(self, value: int | None) -> None:

@@ -55,8 +55,6 @@ class SvmlightReader(FileReader):
         self.zero_based = zero_based
         self._min_index: int | None = None
 
-    def rows_per_chunk(self) -> int:
-        return self.chunk_rows or 4096
 
     @property
     def base(self) -> int:
