@@ -189,7 +189,7 @@ def run(args) -> dict:
                     ix.query(q, k=10)
                 upkeep = ix.maintain()
                 numba.set_num_threads(1)
-                ix.mirror.populate()
+                ix.warm()
                 for q in Q[:100]:
                     ix.query(q, k=10)
                 entry["gmmlsh"][backend] = {

@@ -79,7 +79,7 @@ def run_size(n: int, nq: int, workdir: Path) -> dict:
         ix.query(warm[i], k=10)
     retuned = ix.maintain().get("tuned")
     numba.set_num_threads(1)
-    ix.mirror.populate()
+    ix.warm()
     _timed(ix, Q[:20])
     _timed(ix, Q[:20], mode="exact")
     rows = {}

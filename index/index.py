@@ -167,6 +167,13 @@ class Index:
             self._maybe_maintain(view)
         return view
 
+    def warm(self) -> View:
+        """Bring the search mirror up to date and map its hot columns into this process, so
+        that the first queries take no page faults (a server does it at start)."""
+        view = self.view()
+        self.mirror.populate()
+        return view
+
     def params(self, view: View, **given) -> SearchParams:
         """The search parameters of a query: tuned, then the operator's, then the query's."""
         params = view.search.with_overrides(**self.overrides) if self.overrides else view.search

@@ -46,8 +46,8 @@ NEIGHBORS = 10
 QUERIES = 64
 MIN_QUERIES = 64
 MIN_ROWS = 256
-_SHORTLISTS = (500, 1000, 2000, 4000)
-_CANDIDATES = (50, 100, 200, 400, 800)
+_SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
+_CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
 
 
 def recall(sims: np.ndarray, tenth: float) -> float:
@@ -139,29 +139,31 @@ def _exact_seconds(view: View, qs: list[Prepared]) -> float:
 def _hash_seconds(qs: list[Prepared], config: IndexConfig) -> float:
     """Seconds to sketch a query (part of every sketch search, none of an exact one): on
     sparse text of ~47,000 dimensions it costs more than the whole search of a small index."""
+    # as queries are hashed: stored precision (float32) unless a centre made them float64
+    rows = [q.dense[None, :] if config.center is not None else q.dense[None, :].astype(np.float32) for q in qs]
+    codes_of(rows[0], config)  # compiled or loaded outside the timing
     t0 = time.perf_counter()
-    for q in qs:
-        codes_of(q.dense[None, :], config)
-    return (time.perf_counter() - t0) / max(1, len(qs))
+    for X in rows:
+        codes_of(X, config)
+    return (time.perf_counter() - t0) / max(1, len(rows))
 
 
 def _probe_ladder(lists: int) -> list[int]:
-    """Lists to try: a doubling ladder from 4 up to all of them (0 = all)."""
-    if lists <= 4:
-        return [0]
+    """Lists to try: 4, 6, 8, 12, 16, 24, … (steps of about √2) up to all of them (0 = all)."""
     out, p = [], 4
     while p < lists:
         out.append(p)
-        p *= 2
+        p = p * 3 // 2 if p & (p - 1) == 0 else p * 4 // 3  # 4 → 6 → 8 → 12 → 16 → 24 → 32 …
     return out + [0]
 
 
 def _cheapest_at(view, qs, tenth, config, target, probes, rank_bits) -> list[tuple[float, SearchParams, float]]:
     """Settings at these probes and rank bits reaching ``target``, each with the fewest
     candidates for its shortlist. Recall grows with the shortlist and the candidates, and so
-    does the cost: the widest setting is tried first, and nothing narrower if it misses."""
-    widest = SearchParams(probes=probes, shortlist=_SHORTLISTS[-1], rank_bits=rank_bits, candidates=_CANDIDATES[-1])
-    if _measure(view, qs, tenth, widest, config)[0] < target:
+    does the cost: a wide setting is tried first, and nothing narrower if it misses (the
+    widest are left out of that trial: at a million rows it cost a third of the tuning)."""
+    wide = SearchParams(probes=probes, shortlist=_SHORTLISTS[-2], rank_bits=rank_bits, candidates=_CANDIDATES[-3])
+    if _measure(view, qs, tenth, wide, config)[0] < target:
         return []
     found = []
     for shortlist in _SHORTLISTS:

@@ -96,18 +96,18 @@ def _is_missing(exc: Exception) -> bool:
     return isinstance(exc, (FileNotFoundError, LookupError, ValueError))
 
 
-def _bring_mirror_up_to_date(index: Index) -> None:
-    """Sync this machine's search mirror with the store now (a fresh Redis replica, or an
-    index written since the mirror was last used, has rows to copy), in the background so
-    the server answers meanwhile; a query arriving first syncs what it needs itself."""
+def _warm(index: Index) -> None:
+    """Bring this machine's search mirror up to date with the store (a fresh Redis replica, or
+    an index written since the mirror was last used, has rows to copy) and map it into this
+    worker, in the background so the server answers meanwhile; a query arriving first syncs
+    what it needs itself."""
     t0 = time.perf_counter()
     try:
-        view = index.view()
+        view = index.warm()
     except Exception as exc:  # noqa: BLE001 - the first query retries; the server must start
         log.warning("search mirror not brought up to date at start: %s", exc)
         return
-    log.info("search mirror up to date: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
-    log.info("search mirror mapped into this worker in %.2f s", index.mirror.populate())
+    log.info("search mirror up to date and mapped: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -130,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         log.info("index open: %s, %d vectors, dim %d", settings.safe_location,
                  await run_in_threadpool(index.count), index.config.dim)
-        threading.Thread(target=_bring_mirror_up_to_date, args=(index,), name="gmmlsh-mirror-sync", daemon=True).start()
+        threading.Thread(target=_warm, args=(index,), name="gmmlsh-warm", daemon=True).start()
         app.state.index = index
         metrics.bind_index(index.count)
         try:
