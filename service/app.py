@@ -32,7 +32,7 @@ from gmmlsh.index.index import Index
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
-from gmmlsh.service.routes import api, public
+from gmmlsh.service.routes import api, docs, public
 from gmmlsh.service.schemas import request_schemas
 from gmmlsh.service.settings import Settings
 
@@ -147,6 +147,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         default_response_class=ORJSONResponse,
         debug=False,
+        docs_url=None,  # served with local assets below: the default page needs a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -154,6 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_handlers(app)
     app.include_router(public)
     app.include_router(api)
+    docs.install(app)
 
     # Added innermost first: metrics (outermost) also count 413s and CORS preflights.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout=settings.body_timeout)

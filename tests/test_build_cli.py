@@ -136,6 +136,19 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     assert r.returncode == 2 and "no index at" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_that_cannot_open_its_index_exits_1_with_one_line(tmp_path, workers):
+    """A store that is down: one line naming the cause, exit 1, no traceback, whatever --workers says."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = run_cli("serve", "--redis", f"redis://:secret@127.0.0.1:{port}/0", "--workers", workers,
+                "--port", str(_free_port()), timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "cannot start" in r.stderr and "Traceback" not in r.stderr and "secret" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_malformed_input_names_file_and_line_without_traceback(tmp_path):
     bad = tmp_path / "data.svm"
     bad.write_text("1 1:1 2:2\n" * 16 + "1 x3:1\n")

@@ -56,5 +56,23 @@ def run(args) -> int:
         where = ".".join(map(str, first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         raise UsageError(f"settings: {where + ': ' if where else ''}{message}") from None
+    _open_or_fail(settings)
     serve(settings, host=args.host, port=args.port, workers=args.workers)
     return EXIT_OK
+
+
+class StartupError(RuntimeError):
+    """The index cannot be opened (or created): the server does not start."""
+
+
+def _open_or_fail(settings) -> None:
+    """Open (or create) the index once here, before any worker starts, and close it again
+    (nothing is kept across the workers' fork): a store that is down, a conflicting
+    configuration or a missing index is then one line and exit 1, whatever ``--workers``
+    says, instead of a traceback per worker and an exit code that depends on how many."""
+    from gmmlsh.service.app import open_index
+
+    try:
+        open_index(settings).close()
+    except Exception as exc:  # noqa: BLE001 - reported in one line, credentials masked
+        raise StartupError(f"cannot start: {settings.scrub(str(exc))}") from None
