@@ -136,6 +136,19 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     assert r.returncode == 2 and "no index at" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_first_runs_say_they_compile_kernels(tmp_path):
+    """An empty numba cache is noticed (build and serve then say "compiling kernels"); a filled one is not."""
+    probe = "from gmmlsh.index.compile import kernels_cached; print(kernels_cached())"
+    env = {**cli_env(), "NUMBA_CACHE_DIR": str(tmp_path / "empty-cache")}
+    for environment, want in ((env, "False"), (cli_env(), "True")):
+        r = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=environment, capture_output=True, text=True,
+                           timeout=120)
+        assert r.stdout.strip() == want, r.stderr
+    np.save(tmp_path / "x.npy", np.ones((3, 4)))
+    r = run_cli("build", tmp_path / "x.npy", "--index", tmp_path / "i", "--no-progress", env=env)
+    assert r.returncode == 0 and "compiling kernels (first run only" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_serve_that_cannot_open_its_index_exits_1_with_one_line(tmp_path, workers):
     """A store that is down: one line naming the cause, exit 1, no traceback, whatever --workers says."""

@@ -100,6 +100,7 @@ def zero_based(v: str) -> bool | str:
 
 
 def run(args) -> int:
+    from gmmlsh.index.compile import kernels_cached
     from gmmlsh.index.config import CREATION_FIELDS, IndexConfig
     from gmmlsh.index.index import Index
     from gmmlsh.index.ingest.build import build
@@ -133,6 +134,8 @@ def run(args) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         index = Index.open(loc, config, create=True, maintain=False, **open_options(args))
+    if not kernels_cached():
+        print("compiling kernels (first run only: numba keeps them for the next runs) ...", file=log, flush=True)
     with index:
         summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
                         on_invalid="skip" if args.skip_invalid else "error", log=log)
