@@ -318,6 +318,10 @@ class Index:
     def ping(self) -> None:
         self.store.ping()
 
+    def write_problem(self) -> str | None:
+        """Why writes are refused now (full disk or memory, an evicting Redis), or None."""
+        return self.store.write_problem()
+
     def close(self) -> None:
         self.store.close()
 

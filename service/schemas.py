@@ -160,8 +160,13 @@ class SearchBatchResponse(BaseModel):
 
 
 class HealthResponse(BaseModel):
+    """The server is alive and its store answers (reads work); ``writable`` says whether writes
+    are taken now, and ``problem`` why not (a full disk or Redis, an evicting Redis)."""
+
     status: Literal["ok"]
     backend: str
+    writable: bool
+    problem: str | None = None
 
 
 class StatsResponse(BaseModel):

@@ -452,7 +452,9 @@ def test_a_full_disk_is_a_clear_error_loses_nothing_and_writes_resume(small_disk
                 ix.view()
                 ballast.write_bytes(b"\0" * (256 << 10) * (b + 1))  # the disk fills from outside too
         assert ix.count() >= acknowledged > 0
+        assert "no space left" in ix.write_problem()  # what /health reports meanwhile
         ballast.unlink()
+        assert ix.write_problem() is None
         ix.upsert(["after"], X[:1] + 1)
         assert ix.query(X[0] + 1, k=1).neighbors[0].id == "after"
         assert ix.check().ok

@@ -330,8 +330,10 @@ def test_out_of_memory_is_disk_full_and_a_retry_completes(redis_server, redis_pr
                 store.write(RecordBatch(big.ids[lo:lo + 500], big.vectors[lo:lo + 500], big.sketches[lo:lo + 500],
                                         big.nrff[lo:lo + 500], big.meta[lo:lo + 500]))
         assert_consistent(store)
+        assert "out of memory" in store.write_problem()  # what /health reports meanwhile
     finally:
         r.config_set("maxmemory", 0)
+    assert store.write_problem() is None
     store.write(big)
     assert store.count() == 6000
     assert_consistent(store)
@@ -346,12 +348,12 @@ def test_a_redis_that_may_evict_keys_is_refused_for_writes(redis_server, redis_p
     store = RedisStore(redis_server.url, prefix=redis_prefix)
     with pytest.raises(StoreUnavailable, match="maxmemory-policy allkeys-lru"):
         store.write(make_batch(["a"], rng)[0])
-    assert "allkeys-lru" in store.eviction_problem()
+    assert "allkeys-lru" in store.eviction_problem() and "allkeys-lru" in store.write_problem()
     assert store.count() == 0
     r.config_set("maxmemory-policy", "noeviction")
     fresh = RedisStore(redis_server.url, prefix=redis_prefix)
     fresh.write(make_batch(["a"], rng)[0])
-    assert fresh.count() == 1 and fresh.eviction_problem() is None
+    assert fresh.count() == 1 and fresh.eviction_problem() is None and fresh.write_problem() is None
     r.close()
     store.close()
     fresh.close()

@@ -148,6 +148,9 @@ class Store(Protocol):
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` if the backend cannot be reached."""
 
+    def write_problem(self) -> str | None:
+        """Why a write would be refused now (a full disk or Redis, an evicting Redis), or None."""
+
     def info(self) -> dict:
         """Backend facts for /stats and ``gmmlsh info``: kind, location, bytes used."""
 

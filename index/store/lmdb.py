@@ -55,6 +55,8 @@ _BE_U4 = np.dtype(">u4")
 _BE_U8 = np.dtype(">u8")
 #: Free bytes under which a failed write is put down to a full disk.
 _FULL_BELOW = 16 << 20
+#: Free bytes under which (or above a refusal's by less than which) the disk counts as full.
+_NO_ROOM = 1 << 20
 
 
 def _be_keys(iids: np.ndarray) -> list[bytes]:
@@ -113,6 +115,7 @@ class LmdbStore:
             env.close()
             raise
         self._pid = os.getpid()
+        self._refused_at: int | None = None  # free bytes when a write was last refused for a full disk
         self._env = env
 
     def _open_dbs(self, env: lmdb.Environment) -> None:
@@ -154,12 +157,29 @@ class LmdbStore:
             return StoreError(f"LMDB store at {self.path} is read-only: {e}")
         return StoreUnavailable(f"LMDB store at {self.path} is unusable: {e}")
 
-    def _disk_full(self) -> bool:
+    def write_problem(self) -> str | None:
+        """A full disk: almost no free space, or no more than when this process's last write
+        was refused for want of it (cleared by the next write that succeeds)."""
+        free = self._free_bytes()
+        refused = self._refused_at is not None and free is not None and free < self._refused_at + _NO_ROOM
+        if refused or (free is not None and free < _NO_ROOM):
+            return (f"no space left on the disk of the LMDB index at {self.path}: writes are refused until "
+                    "space is freed")
+        return None
+
+    def _free_bytes(self) -> int | None:
         try:
             st = os.statvfs(self.path)
         except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _disk_full(self) -> bool:
+        free = self._free_bytes()
+        if free is None or free >= _FULL_BELOW:
             return False
-        return st.f_bavail * st.f_frsize < _FULL_BELOW
+        self._refused_at = free
+        return True
 
     @contextlib.contextmanager
     def _txn(self, write: bool = False) -> Iterator[lmdb.Transaction]:
@@ -170,6 +190,8 @@ class LmdbStore:
                 yield txn
         except lmdb.Error as e:
             raise self._wrap(e) from e
+        if write:
+            self._refused_at = None
 
     def _state(self, txn: lmdb.Transaction) -> tuple[int, int, int]:
         raw = txn.get(_STATE_KEY, db=self._db["counters"])

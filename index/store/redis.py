@@ -290,6 +290,17 @@ class RedisStore:
             return str(e)
         return None
 
+    @_guarded
+    def write_problem(self) -> str | None:
+        problem = self.eviction_problem()
+        if problem is None and not self._cluster:
+            mem = self._r().info("memory")
+            limit = int(mem.get("maxmemory", 0) or 0)
+            if limit and int(mem.get("used_memory", 0)) >= 0.99 * limit:
+                problem = (f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): writes are "
+                           "refused until memory is freed or maxmemory raised")
+        return problem
+
     # --- configuration -----------------------------------------------------------------
     @_guarded
     def read_config(self) -> dict | None:

@@ -34,9 +34,13 @@ async def health(index: IndexDep, settings: SettingsDep) -> Response:
         with anyio.fail_after(HEALTH_TIMEOUT):
             # abandon_on_cancel: a hung store must not hang the probe too.
             await anyio.to_thread.run_sync(index.ping, abandon_on_cancel=True)
+            problem = await anyio.to_thread.run_sync(index.write_problem, abandon_on_cancel=True)
     except TimeoutError:
         raise ApiError(503, f"the store did not answer within {HEALTH_TIMEOUT:g} s") from None
-    return ORJSONResponse({"status": "ok", "backend": settings.backend})
+    body = {"status": "ok", "backend": settings.backend, "writable": problem is None}
+    if problem is not None:
+        body["problem"] = settings.scrub(problem)
+    return ORJSONResponse(body)
 
 
 @router.get("/stats", response_model=StatsResponse, summary="Index size, parameters, search and store facts",
