@@ -161,18 +161,32 @@ def _cheapest_at(view, qs, tenth, config, target, probes, rank_bits) -> list[tup
     """Settings at these probes and rank bits reaching ``target``, each with the fewest
     candidates for its shortlist. Recall grows with the shortlist and the candidates, and so
     does the cost: a wide setting is tried first, and nothing narrower if it misses (the
-    widest are left out of that trial: at a million rows it cost a third of the tuning)."""
-    wide = SearchParams(probes=probes, shortlist=_SHORTLISTS[-2], rank_bits=rank_bits, candidates=_CANDIDATES[-3])
-    if _measure(view, qs, tenth, wide, config)[0] < target:
+    widest are left out of that trial: at a million rows it cost a third of the tuning).
+    The fewest candidates are found by bisection, and a longer shortlist never needs more
+    candidates than a shorter one did."""
+    def at(shortlist: int, candidates: int) -> tuple[float, float]:
+        params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
+        return _measure(view, qs, tenth, params, config)
+
+    if at(_SHORTLISTS[-2], _CANDIDATES[-3])[0] < target:
         return []
-    found = []
+    found: list[tuple[float, SearchParams, float]] = []
+    ceiling = len(_CANDIDATES)
     for shortlist in _SHORTLISTS:
-        for candidates in (c for c in _CANDIDATES if c <= shortlist):
-            params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
-            r, s = _measure(view, qs, tenth, params, config)
+        ladder = [c for c in _CANDIDATES[:ceiling] if c <= shortlist]
+        lo, hi, best = 0, len(ladder) - 1, None
+        while lo <= hi:  # the fewest candidates reaching the target (recall grows with them)
+            mid = (lo + hi) // 2
+            r, s = at(shortlist, ladder[mid])
             if r >= target:
-                found.append((s, params, r))
-                break  # more candidates only cost more
+                best, hi = (s, ladder[mid], r), mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            s, candidates, r = best
+            found.append((s, SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits,
+                                          candidates=candidates), r))
+            ceiling = _CANDIDATES.index(candidates) + 1
     return found
 
 
@@ -193,14 +207,21 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     hash_s = _hash_seconds(qs[:16], config)
     reached: list[tuple[float, SearchParams, float]] = []
     lists = view.generation.lists if view.generation is not None else 0
-    for rank_bits in sorted({b for b in (2, 4, 8, config.bits) if b <= config.bits}):
-        hits = 0
-        for probes in _probe_ladder(lists):
-            found = _cheapest_at(view, qs, tenth, config, target, probes, rank_bits)
+    ladder, start = _probe_ladder(lists), 0
+    # Most rank bits first: fewer bits rank less precisely, so they never reach the target with
+    # fewer lists than more bits needed; their trial starts there.
+    for rank_bits in sorted({b for b in (2, 4, 8, config.bits) if b <= config.bits}, reverse=True):
+        first_hit = None
+        for i in range(start, len(ladder)):
+            found = _cheapest_at(view, qs, tenth, config, target, ladder[i], rank_bits)
             reached += found
-            hits += bool(found)
-            if hits == 2:  # one more list count after the first that reaches: more only cost more
+            if found and first_hit is None:
+                first_hit = i
+            elif found:  # one more list count after the first that reaches: more only cost more
                 break
+        if first_hit is None:
+            break  # fewer bits will not reach it either
+        start = first_hit
     # The finalists are timed again, best of three passes: one noisy pass must not decide.
     finalists = sorted(reached, key=lambda x: x[0])[:4]
     best = min(((_seconds(view, qs, p, config), p, r) for _, p, r in finalists), key=lambda x: x[0], default=None)
