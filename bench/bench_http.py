@@ -125,9 +125,10 @@ def main(argv=None) -> None:
     ]
     try:
         numba.set_num_threads(2)
-        with Index.open(work / "idx", IndexConfig(dim=784)) as ix:
+        with Index.open(work / "idx", IndexConfig(dim=784), maintain=False) as ix:
             for lo in range(0, n, 10_000):
                 ix.upsert([str(i) for i in range(lo, min(n, lo + 10_000))], X[lo : lo + 10_000])
+            ix.maintain()  # lists and tuning, as gmmlsh build ends (a server would do it in the background)
             numba.set_num_threads(1)
             ix.warm()
             rng = np.random.default_rng(0)

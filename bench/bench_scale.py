@@ -273,11 +273,15 @@ def plot(res: dict, path: Path) -> None:
         pts = [(n, _best(res["sizes"][n]["gmmlsh"][backend]["rounds"])) for n in sizes
                if backend in res["sizes"][n]["gmmlsh"]]
         if pts:
-            ax.plot([n for n, _ in pts], [r[0] for _, r in pts], "o-", label=f"gmmlsh ({backend}, tuned default)")
+            recalls = [r[1] for _, r in pts]
+            ax.plot([n for n, _ in pts], [r[0] for _, r in pts], "o-",
+                    label=f"gmmlsh ({backend}, tuned default), recall {min(recalls):.2f}–{max(recalls):.2f}")
     for eps in PEER_EPS:
         pts = [(n, _best(res["sizes"][n]["peer"]["rounds"][eps])) for n in sizes if res["sizes"][n]["peer"]]
         if pts:
-            ax.plot([n for n, _ in pts], [r[0] for _, r in pts], "s--", alpha=0.7, label=f"pynndescent ε={eps}")
+            recalls = [r[1] for _, r in pts]
+            ax.plot([n for n, _ in pts], [r[0] for _, r in pts], "s--", alpha=0.7,
+                    label=f"pynndescent ε={eps}, recall {min(recalls):.2f}–{max(recalls):.2f}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("vectors in the index (n)")

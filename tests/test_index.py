@@ -357,7 +357,7 @@ def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp
     from gmmlsh.index import tuner
 
     X, _, Q, _ = fmnist
-    monkeypatch.setattr(tuner, "_measure", lambda *a: (0.0, 1.0))  # nothing reaches the target
+    monkeypatch.setattr(tuner, "_recall", lambda *a: 0.0)  # nothing reaches the target
     with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         ix.upsert(_ids(0, 3000), X[:3000])
         done = ix.maintain()
