@@ -130,6 +130,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise
         log.info("index open: %s, %d vectors, dim %d", settings.safe_location,
                  await run_in_threadpool(index.count), index.config.dim)
+        problem = await run_in_threadpool(index.write_problem)
+        if problem:  # reads are served; writes answer 503/507 until it is fixed (and /health says so)
+            log.warning("writes will be refused: %s", settings.scrub(problem))
         threading.Thread(target=_warm, args=(index,), name="gmmlsh-warm", daemon=True).start()
         app.state.index = index
         metrics.bind_index(index.count)

@@ -55,7 +55,6 @@ class SvmlightReader(FileReader):
         self.zero_based = zero_based
         self._min_index: int | None = None
 
-
     @property
     def base(self) -> int:
         """What the file's first index is: 0 or 1 (for "auto": 0 when index 0 occurs anywhere in the file)."""
