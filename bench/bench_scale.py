@@ -258,7 +258,8 @@ def report(res: dict) -> list[str]:
                 L.append(f"| {n:,} | {e['peer']['build_s']:.0f} s | {eps} | {rec:.3f} | {qps:,.0f} |")
     for n, e in res["sizes"].items():
         for m in e.get("memory", []):
-            L.append(f"\n`gmmlsh serve --workers {m['workers']}` at n = {n:,} ({m['processes']} processes): "
+            L.append(f"\n`gmmlsh serve --workers {m['workers']}` at n = {n:,} ({m['processes']} process"
+                     f"{'es' if m['processes'] > 1 else ''}): "
                      f"PSS {m['pss'] / 2**30:.2f} GiB, USS {m['uss'] / 2**30:.2f} GiB")
     return L
 
