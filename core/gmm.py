@@ -163,13 +163,30 @@ def _l1_dense_impl(X):
     return out
 
 
-_l1_dense, _l1_dense_serial = twin_kernels(_l1_dense_impl, nogil=True, cache=True, fastmath=_FAST)
+#: Summed in index order, one value after the other (no fastmath: no reassociation), so that a
+#: row's norm is bit for bit the same whether it comes dense (its zeros add exactly nothing)
+#: or sparse (:func:`_l1_csr`): the stored norm must not depend on the shape a vector came in.
+_l1_dense, _l1_dense_serial = twin_kernels(_l1_dense_impl, nogil=True, cache=True)
+
+
+@njit(nogil=True, cache=True)
+def _l1_csr(indptr, data):
+    out = np.empty(indptr.shape[0] - 1)
+    for r in range(out.shape[0]):
+        s = 0.0
+        for p in range(indptr[r], indptr[r + 1]):
+            s += abs(np.float64(data[p]))
+        out[r] = s
+    return out
 
 
 def l1_norms(X) -> np.ndarray:
-    """L1 norm of every row (float64), dense or sparse."""
+    """L1 norm of every row (float64), dense or sparse: the same bits for the same vector either way."""
     if sp.issparse(X):
-        return np.asarray(abs(sp.csr_matrix(X, dtype=np.float64)).sum(axis=1)).ravel()
+        X = sp.csr_matrix(X)
+        if not X.has_sorted_indices:
+            X = X.sorted_indices()
+        return _l1_csr(X.indptr.astype(np.int64), X.data)
     X = np.atleast_2d(np.asarray(X))
     if X.size < PARALLEL_MIN_WORK:
         return _l1_dense_serial(X)
