@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import httpx
 import numba
 import numpy as np
 
-from bench.common import DATA, emit, free_port
+from bench.common import DATA, emit, serve
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 
@@ -54,38 +53,6 @@ t0 = time.perf_counter()
 dt = time.perf_counter() - t0
 print(json.dumps({"n": len(lat), "seconds": dt, "errors": errors[0], "lat": sorted(lat)}))
 """
-
-
-def start_server(index_dir: Path, workers: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "GMMLSH_ACCESS_LOG": "false", "GMMLSH_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--index",
-            str(index_dir),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    time.sleep(2.0)  # let every worker finish its background cache warm-up
-    return proc, url
 
 
 def load(url: str, n: int, seconds: float, threads: int = 8) -> dict:
@@ -142,7 +109,7 @@ def main(argv=None) -> None:
         lines += ["| server | requests/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|"]
         rates = {}
         for workers in (1, 2):
-            proc, url = start_server(work / "idx", workers)
+            proc, url = serve(work / "idx", workers)
             try:
                 r = load(url, n, seconds)
                 rates[workers] = r["rps"]

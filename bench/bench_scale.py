@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import numba
 import numpy as np
 
 from bench import scale_data
-from bench.common import emit, free_port, gmm_distance, start_redis
+from bench.common import emit, gmm_distance, serve, start_redis
 from gmmlsh.index.index import Index
 
 WARM_QUERIES = 200  # served before timing, from test images 5,000+ (never timed)
@@ -140,21 +139,9 @@ def serve_memory(location: str, workers: int, Q: np.ndarray) -> dict:
     """PSS/USS of ``gmmlsh serve`` (every process) after warm-up queries over HTTP."""
     import httpx
 
-    port = free_port()
-    env = dict(os.environ, GMMLSH_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", "--index", location,
-                             "--port", str(port), "--workers", str(workers)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve(location, workers, env={"GMMLSH_THREADS": "1"})
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
-            for _ in range(600):
-                try:
-                    if c.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.5)
-            time.sleep(5)  # each worker maps the mirror in the background at start
+        with httpx.Client(base_url=url, timeout=60) as c:
             for q in Q[:400]:  # spread over the workers by the kernel's accept queue
                 c.post("/neighbors/search", json={"values": q.tolist(), "k": 10}).raise_for_status()
         pids = [proc.pid, *_children(proc.pid)]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from bench import sparse_data
-from bench.common import emit, free_port
+from bench.common import emit, serve
 from gmmlsh.index.index import Index
 
 WARM = 200
@@ -115,23 +114,14 @@ def run_rest(nq: int, workdir: Path) -> dict:
     X, Q = sparse_data.data(4505), sparse_data.queries(nq)
     _, true_sims = sparse_data.truth(4505, nq)
     warm = sparse_data.queries(WARM, offset=nq)
-    port = free_port()
-    env = dict(os.environ, GMMLSH_DIM=str(X.shape[1]))
-    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", "--index", str(workdir / "rest"),
-                             "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve(workdir / "rest", env={"GMMLSH_DIM": str(X.shape[1])})
 
     def sparse(M, i):
         lo, hi = M.indptr[i], M.indptr[i + 1]
         return {"indices": M.indices[lo:hi].tolist(), "values": M.data[lo:hi].tolist()}
 
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-            for _ in range(600):
-                try:
-                    if c.get("/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.2)
+        with httpx.Client(base_url=url, timeout=120) as c:
             for lo in range(0, X.shape[0], 500):
                 c.post("/vectors", json={"vectors": [{"id": str(i), **sparse(X, i)}
                                                      for i in range(lo, min(lo + 500, X.shape[0]))]}).raise_for_status()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +83,39 @@ def gmm_distance(x, y):
         nx += abs(a)
         ny += abs(b)
     return 1.0 - s / (nx + ny - s)
+
+
+def serve(index_dir: Path | str, workers: int = 1, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """``gmmlsh serve`` on a free loopback port, once it answers /health and its workers have
+    mapped the mirror in; returns (process, base URL). ``env``: extra environment (e.g. GMMLSH_DIM)."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "GMMLSH_ACCESS_LOG": "false", "GMMLSH_LOG_LEVEL": "warning", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", "--index", str(index_dir),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"gmmlsh serve exited with {proc.returncode}")
+        time.sleep(0.1)
+    time.sleep(2.0)  # every worker brings its mirror up to date and maps it in, in the background
+    return proc, url
+
+
+def data_main(doc: str, make: Callable[[int], object], truth: Callable[[int, int], object], path: Callable[[int], Path],
+              queries: int) -> None:
+    """The command line of a data generator: write the first N rows and their truth, print where."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("n", type=int)
+    p.add_argument("--queries", type=int, default=queries)
+    a = p.parse_args()
+    make(a.n)
+    truth(a.n, a.queries)
+    print(path(a.n))

@@ -12,14 +12,13 @@ exact GMM top 10 of each against the first ``n`` rows.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 import numba
 import numpy as np
 
-from bench.common import DATA
+from bench.common import DATA, data_main
 from gmmlsh.core.gmm import gmm_matrix, l1_norms
 
 BASE = 60_000
@@ -112,15 +111,5 @@ def truth(n: int, nq: int, k: int = 10) -> np.ndarray:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("n", type=int)
-    p.add_argument("--queries", type=int, default=1000)
-    a = p.parse_args()
-    data(a.n)
-    truth(a.n, a.queries)
-    print(data_path(a.n))
-
-
 if __name__ == "__main__":
-    main()
+    data_main(__doc__, data, truth, data_path, queries=1000)

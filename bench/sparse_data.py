@@ -13,12 +13,10 @@ held-out test passages; the truth is the exact GMM top 10 against the first ``n`
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import scipy.sparse as sp
 
-from bench.common import DATA
+from bench.common import DATA, data_main
 from bench.scale_data import CACHE
 from gmmlsh.core.gmm import gmm_many, l1_norms
 
@@ -91,15 +89,5 @@ def truth(n: int, nq: int, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
     return rows, sims
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("n", type=int)
-    p.add_argument("--queries", type=int, default=200)
-    a = p.parse_args()
-    data(a.n)
-    truth(a.n, a.queries)
-    print(data_path(a.n))
-
-
 if __name__ == "__main__":
-    main()
+    data_main(__doc__, data, truth, data_path, queries=200)
