@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from gmmlsh.core.codes import WORD, agreement
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
-from gmmlsh.core.intrinsics import CACHE_LINE, popcount, prefetch, prefetch_flat
+from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement
 from gmmlsh.core.parallel import twin_kernels
 
@@ -101,12 +101,9 @@ def select(ids, scores, m, count, top):
 @njit(nogil=True, cache=True, inline="always")
 def _first_scores(rows_first, lo, hi, qf, scores, at, hist):
     """First-stage scores of rows ``[lo, hi)`` of a first-stage array into ``scores[at:]``,
-    counted in ``hist``; the query's eight words are held in registers."""
-    q0, q1, q2, q3, q4, q5, q6, q7 = qf[0], qf[1], qf[2], qf[3], qf[4], qf[5], qf[6], qf[7]
+    counted in ``hist`` as they go; returns the next free position."""
     for e in range(lo, hi):
-        f = rows_first[e]
-        s = (popcount(~((f[0] ^ q0) | (f[4] ^ q4))) + popcount(~((f[1] ^ q1) | (f[5] ^ q5)))
-             + popcount(~((f[2] ^ q2) | (f[6] ^ q6))) + popcount(~((f[3] ^ q3) | (f[7] ^ q7))))
+        s = first_agreement(rows_first[e], qf)
         scores[at] = s
         hist[s] += 1
         at += 1

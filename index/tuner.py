@@ -48,6 +48,8 @@ MIN_QUERIES = 64
 MIN_ROWS = 256
 _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
 _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
+#: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
+_WIDE = (3000, 400)
 
 
 def recall(sims: np.ndarray, tenth: float) -> float:
@@ -115,23 +117,20 @@ def _recall(view: View, qs: list[Prepared], tenth: np.ndarray, params: SearchPar
     return float(np.mean([recall(s, t) for (_, s, _), t in zip(found, tenth, strict=True)]))
 
 
-def _seconds(view: View, qs: list[Prepared], params: SearchParams, config: IndexConfig, rounds: int = 3) -> float:
-    """Seconds per query of ``params``: the best of ``rounds`` passes (the machine is shared and noisy)."""
+def _seconds(run, items: list, rounds: int = 1) -> float:
+    """Seconds per call of ``run`` over ``items``, one at a time: the best of ``rounds`` passes
+    (the machine is shared and noisy)."""
     best = float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()
-        for q in qs:
-            run_lsh(view, [q], params, config)
-        best = min(best, (time.perf_counter() - t0) / len(qs))
+        for item in items:
+            run(item)
+        best = min(best, (time.perf_counter() - t0) / max(1, len(items)))
     return best
 
 
-def _exact_seconds(view: View, qs: list[Prepared]) -> float:
-    """Seconds per exact search, timed again once the truth pass has warmed the pages."""
-    t0 = time.perf_counter()
-    for q in qs:
-        run_exact(view, q)
-    return (time.perf_counter() - t0) / max(1, len(qs))
+def _lsh_seconds(view: View, qs: list[Prepared], params: SearchParams, config: IndexConfig, rounds: int = 1) -> float:
+    return _seconds(lambda q: run_lsh(view, [q], params, config), qs, rounds)
 
 
 def _hash_seconds(qs: list[Prepared], config: IndexConfig) -> float:
@@ -140,10 +139,7 @@ def _hash_seconds(qs: list[Prepared], config: IndexConfig) -> float:
     # as queries are hashed: stored precision (float32) unless a centre made them float64
     rows = [q.dense[None, :] if config.center is not None else q.dense[None, :].astype(np.float32) for q in qs]
     codes_of(rows[0], config)  # compiled or loaded outside the timing
-    t0 = time.perf_counter()
-    for X in rows:
-        codes_of(X, config)
-    return (time.perf_counter() - t0) / max(1, len(rows))
+    return _seconds(lambda X: codes_of(X, config), rows)
 
 
 def _probe_ladder(lists: int) -> list[int]:
@@ -166,7 +162,7 @@ def _cheapest_at(view, qs, tenth, config, target, probes, rank_bits) -> list[tup
         params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
         return _recall(view, qs, tenth, params, config)
 
-    if at(_SHORTLISTS[-2], _CANDIDATES[-3]) < target:
+    if at(*_WIDE) < target:
         return []
     found: list[tuple[float, SearchParams, float]] = []
     ceiling = len(_CANDIDATES)
@@ -183,7 +179,7 @@ def _cheapest_at(view, qs, tenth, config, target, probes, rank_bits) -> list[tup
         if best is not None:
             candidates, r = best
             params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
-            found.append((_seconds(view, qs, params, config, rounds=1), params, r))
+            found.append((_lsh_seconds(view, qs, params, config), params, r))
             ceiling = _CANDIDATES.index(candidates) + 1
             if ceiling == 1:  # the fewest candidates there are: a longer shortlist only costs more
                 break
@@ -203,7 +199,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     if target is None:
         target = TARGET_RECALL + (0.0 if served else STORED_MARGIN)
     tenth, exact_s = _truth(view, qs)  # its exact searches warm the mirror's pages too
-    exact_s = min(exact_s, _exact_seconds(view, qs[:8]))
+    exact_s = min(exact_s, _seconds(lambda q: run_exact(view, q), qs[:8]))  # again, pages warm
     hash_s = _hash_seconds(qs[:16], config)
     reached: list[tuple[float, SearchParams, float]] = []
     lists = view.generation.lists if view.generation is not None else 0
@@ -224,7 +220,8 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
         start = first_hit
     # The finalists are timed again, best of three passes: one noisy pass must not decide.
     finalists = sorted(reached, key=lambda x: x[0])[:4]
-    best = min(((_seconds(view, qs, p, config), p, r) for _, p, r in finalists), key=lambda x: x[0], default=None)
+    best = min(((_lsh_seconds(view, qs, p, config, rounds=3), p, r) for _, p, r in finalists), key=lambda x: x[0],
+               default=None)
     report = {"sample": source, "target_recall": target, "exact_ms": round(exact_s * 1e3, 3),
               "hash_ms": round(hash_s * 1e3, 3)}
     if best is not None:

@@ -144,7 +144,9 @@ class LmdbStore:
 
     def _wrap(self, e: lmdb.Error) -> StoreError:
         """An LMDB error in the store's vocabulary (a full disk reads as an I/O error from LMDB)."""
-        if self._disk_full():
+        free = self._free_bytes()
+        if free is not None and free < _FULL_BELOW:
+            self._refused_at = free  # write_problem() reports the disk full until it gains room
             return DiskFull(f"no space left on the disk of the LMDB index at {self.path}: the write was "
                             "rolled back; free space and retry")
         if isinstance(e, lmdb.MapFullError):
@@ -174,12 +176,6 @@ class LmdbStore:
             return None
         return st.f_bavail * st.f_frsize
 
-    def _disk_full(self) -> bool:
-        free = self._free_bytes()
-        if free is None or free >= _FULL_BELOW:
-            return False
-        self._refused_at = free
-        return True
 
     @contextlib.contextmanager
     def _txn(self, write: bool = False) -> Iterator[lmdb.Transaction]:
