@@ -179,10 +179,20 @@ class Mirror:
         return self.view
 
     def _load(self) -> View:
-        stamp = self._stamp()
-        state = self._read_state()
+        while True:
+            stamp = self._stamp()
+            state = self._read_state()
+            gen = state.get("generation")
+            try:
+                generation = Generation.load(self.dir / gen) if gen else None
+                break
+            except FileNotFoundError:
+                # Another process published a newer generation and removed this one between
+                # our reading the state and opening its files: the state has moved on, read it
+                # again. (Unchanged, the state names a generation that is not there: a fault.)
+                if self._stamp() == stamp:
+                    raise
         n = state["rows"]
-        gen = state.get("generation")
         voff, vdata = self._vectors.views(n)
         self._state_stamp = stamp
         return View(
@@ -193,7 +203,7 @@ class Mirror:
             names=self._names.views(n), meta=self._meta.views(n),
             nrff=self._nrff.rows(n) if self._nrff is not None else None,
             rowof=self._rowof.whole(),
-            generation=Generation.load(self.dir / gen) if gen else None,
+            generation=generation,
             search=SearchParams.from_dict(state["search"]) if state.get("search") else
             SearchParams(rank_bits=self.config.bits),
             tuned_rows=state.get("tuned_rows", 0),

@@ -24,6 +24,7 @@ from gmmlsh.core.validate import DimensionError, NonFiniteError, ZeroVectorError
 from gmmlsh.index import generation
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.index.mirror import Mirror
 from gmmlsh.index.records import DENSE, SPARSE_GIVEN_DENSE, SPARSE_GIVEN_SPARSE, decode_vector
 from gmmlsh.index.store.base import ConfigConflict
 
@@ -405,6 +406,34 @@ def test_the_mirror_is_derived_data(location, fmnist):
     with _open(location, maintain=False) as ix:
         assert _answers(ix, Q[:10], mode="exact") == before
         assert ix.mirror.disk_bytes() <= size * 1.1
+
+
+def test_a_generation_replaced_while_another_process_loads_it(tmp_path, fmnist):
+    """A worker reads the state, another publishes a newer generation and removes the one the
+    state named, then the worker opens it: it reads the state again and gets the new one (the
+    soak test's two workers once answered 500 here)."""
+    X = fmnist[0]
+    with Index.open(tmp_path / "r", IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 4000), X[:4000])
+        ix.maintain()
+        writer = ix.mirror
+
+        class Raced(Mirror):
+            """A mirror whose state is overtaken, once, right after it has been read."""
+
+            raced = False
+
+            def _read_state(self):
+                state = super()._read_state()
+                if state.get("generation") and not Raced.raced:
+                    Raced.raced = True
+                    view = writer.sync(ix.store)
+                    writer.publish(generation=generation.build(writer.dir, view, view.generation, 784))
+                return state
+
+        reader = Raced(writer.dir, ix.config)
+        assert Raced.raced and reader.view.generation.number == 2 == writer.view.generation.number
+        assert not (writer.dir / "gen-000001").exists()
 
 
 def test_a_mirror_ahead_of_its_store_is_rebuilt(tmp_path, fmnist):
