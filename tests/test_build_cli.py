@@ -120,6 +120,8 @@ def test_help_of_every_command_says_what_it_does_with_an_example(command, capsys
     assert "Example" in out and "gmmlsh" in out
     if command not in (None, "bench"):
         assert "--index" in out and "--redis" in out and "GMMLSH_" in out
+    if command == "serve":  # how to start from nothing
+        assert "GMMLSH_DIM=784 gmmlsh serve --index ./new-idx" in out
 
 
 def test_usage_errors_exit_2_with_one_line(tmp_path):
@@ -277,6 +279,14 @@ def test_ids_file_inline_vector_info_and_tuned_search(tmp_path, fm, capsys):
     assert code == 0 and json.loads(out)["mode"] == "lsh" and len(json.loads(out)["neighbors"]) == 3
     code, _, err = cli(capsys, "query", "--index", idx, "--vector", "1,2,3")
     assert code == 2 and "expected 784 values" in err
+    # an .npz of several arrays: --npz-key picks one, --row a row of it
+    np.savez(tmp_path / "q.npz", labels=y[:10], queries=X[:10])
+    code, out, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "q.npz", "--npz-key",
+                         "queries", "--row", "7", "-k", "1", "--mode", "exact", "--json")
+    assert code == 0, err
+    assert json.loads(out)["neighbors"][0] == {"id": "img-7", "similarity": 1.0, "metadata": None}
+    code, _, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "q.npz", "--npz-key", "nope")
+    assert code == 2 and "nope" in err
 
 
 # --- the build as a library ---------------------------------------------------------------------
@@ -578,7 +588,7 @@ def test_built_index_is_served_unchanged(backend, tmp_path, fm, request):
     port = _free_port()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", *where, "--port", str(port)],
-                            cwd=REPO, env=cli_env(GMMLSH_LOG_LEVEL="warning"), stdout=log, stderr=subprocess.STDOUT)
+                            cwd=REPO, env=cli_env(GMMLSH_LOG_LEVEL="info"), stdout=log, stderr=subprocess.STDOUT)
     log.close()
     try:
         deadline = time.monotonic() + 180
@@ -605,3 +615,6 @@ def test_built_index_is_served_unchanged(backend, tmp_path, fm, request):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+    # the start is logged with what the index holds (it once said "0 sketches loaded" here)
+    text = (tmp_path / "serve.log").read_text()
+    assert "1500 vectors, dim 784" in text and "up to date and mapped: 1500 vectors" in text, text
