@@ -10,7 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md __init__.py ./
+COPY pyproject.toml README.md *.py ./
 COPY core ./core
 COPY index ./index
 COPY service ./service

@@ -32,6 +32,7 @@ from gmmlsh.index.index import Index
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
+from gmmlsh.service.opening import IndexOpenError, open_index
 from gmmlsh.service.routes import api, docs, public
 from gmmlsh.service.schemas import request_schemas
 from gmmlsh.service.settings import Settings
@@ -45,55 +46,6 @@ searched through inverted lists, reranked by the exact GMM; stored in LMDB or Re
 Every error answers `{"error": {"status", "code", "field", "message"}}`; bad input
 is 422 and changes nothing. When the server has an API key, send it as `X-API-Key`.
 """
-
-
-class IndexNotFound(RuntimeError):
-    """No index at the location and no ``dim`` to create one."""
-
-
-class IndexOpenError(RuntimeError):
-    """Opening the index failed (message scrubbed of credentials)."""
-
-
-def index_options(settings: Settings) -> dict:
-    """Options for ``Index.open`` beyond the location: search overrides, the mirror's place,
-    and the backend's own (LMDB reader slots for every worker thread)."""
-    opts: dict = {"prefix": settings.prefix, "search": settings.search_overrides}
-    if settings.backend == "lmdb":
-        opts["max_readers"] = settings.max_readers
-    elif settings.cache_dir:
-        opts["cache_dir"] = settings.cache_dir
-    return opts
-
-
-def open_index(settings: Settings) -> Index:
-    """Open the existing index; create it from the creation settings only if there is none.
-
-    An existing index keeps its stored parameters even when ``dim`` etc. are set
-    (so restarting a compose stack with GMMLSH_DIM in its environment is harmless).
-    """
-    opts = index_options(settings)
-    try:
-        return Index.open(settings.location, None, create=False, **opts)
-    except Exception as exc:  # noqa: BLE001 - narrowed below
-        if not _is_missing(exc):
-            raise
-    if settings.dim is None:
-        where = f"Redis {settings.safe_location}" if settings.redis_url else f"directory {settings.index!r}"
-        raise IndexNotFound(
-            f"no gmmlsh index in {where}: build one with `gmmlsh build`, or set GMMLSH_DIM "
-            "(and optionally GMMLSH_SAMPLES, GMMLSH_BITS, ...) to create an empty one"
-        )
-    return Index.open(settings.location, settings.creation_config(), create=True, **opts)
-
-
-def _is_missing(exc: Exception) -> bool:
-    """Whether ``Index.open(create=False)`` failed because there is no index yet."""
-    from gmmlsh.index.store.base import ConfigConflict, StoreUnavailable
-
-    if isinstance(exc, (ConfigConflict, StoreUnavailable)):
-        return False
-    return isinstance(exc, (FileNotFoundError, LookupError, ValueError))
 
 
 def _warm(index: Index) -> None:

@@ -1,4 +1,5 @@
-"""Dockerfile and docker-compose.yml, checked without Docker (it cannot run here).
+"""Dockerfile and docker-compose.yml, checked without a Docker engine (tests/test_docker.py
+runs them on one).
 
 The compose file is parsed and its services, ports, health checks, volumes and
 commands are checked against each other, against the Dockerfile, against the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +104,10 @@ def test_redis_has_aof_and_health_check(compose):
 def test_redis_api_is_replicated_and_waits_for_redis(compose):
     api = compose["services"]["api"]
     assert api["deploy"]["replicas"] >= 2
-    assert api["depends_on"]["redis"]["condition"] == "service_healthy"
+    # Started after Redis; `gmmlsh serve` exits while Redis does not answer, and the restart
+    # policy tries again (as after a reboot, where depends_on does not apply).
+    assert api["depends_on"]["redis"]["condition"] in ("service_started", "service_healthy")
+    assert api["restart"] in ("always", "unless-stopped", "on-failure")
     opts = _options(api["command"])
     url = urlparse(opts["--redis"])
     assert url.scheme == "redis" and url.hostname == "redis" and (url.port or 6379) == 6379
@@ -112,6 +117,46 @@ def test_redis_api_is_replicated_and_waits_for_redis(compose):
     host, container = _expand(api["ports"][0]).rsplit(":", 1)
     lo, _, hi = host.partition("-")
     assert hi and int(hi) - int(lo) + 1 >= api["deploy"]["replicas"]
+
+
+def test_one_address_for_the_replicas(compose):
+    """An nginx proxy in front of the `api` replicas, its command and config explicit."""
+    proxy = compose["services"]["proxy"]
+    assert proxy["image"].startswith("nginx:")
+    assert "api" in proxy["depends_on"]
+    cmd = proxy["command"]
+    assert cmd[:2] == ["nginx", "-c"], "the config file is named, so any nginx image runs it"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in proxy["volumes"]}
+    conf = (REPO / mounts[cmd[2]]).read_text()
+    listen = int(re.search(r"^\s*listen\s+(\d+);", conf, re.M)[1])
+    assert _expand(proxy["ports"][0]).rsplit(":", 1)[1] == str(listen)
+    assert "GMMLSH_PROXY_PORT" in proxy["ports"][0]
+    assert re.search(r"^daemon off;", conf, re.M), "nginx must stay in the foreground"
+    # `api` resolved through Docker's DNS per request (every replica, the live ones only) ...
+    assert "resolver 127.0.0.11" in conf
+    api_port = _options(compose["services"]["api"]["command"])["--port"]
+    m = re.search(r"set \$(\w+) api;\s*proxy_pass http://\$(\w+):(\d+);", conf)
+    assert m and m[1] == m[2] and m[3] == api_port, "proxy_pass to the api service's port, through a variable"
+    # ... and a replica that is down is skipped for the next one.
+    assert re.search(r"proxy_next_upstream error timeout", conf)
+
+
+def test_valid_for_compose_v1_and_v2():
+    """No key docker-compose 1.29 rejects (it has no top-level `name:`); each compose found
+    here accepts the file."""
+    assert "name" not in yaml.safe_load(COMPOSE.read_text())
+    found = 0
+    for argv in (["docker-compose"], ["docker", "compose"]):
+        if not shutil.which(argv[0]):
+            continue
+        if subprocess.run([*argv, "version"], capture_output=True, timeout=60).returncode:
+            continue
+        found += 1
+        r = subprocess.run([*argv, "-f", str(COMPOSE), "-p", "check", "--profile", "lmdb", "config", "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"{' '.join(argv)} config: {r.stderr}"
+    if not found:
+        pytest.skip("neither docker-compose nor docker compose is installed")
 
 
 def test_lmdb_profile_has_one_container_and_a_volume(compose):

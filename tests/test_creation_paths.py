@@ -30,8 +30,8 @@ from test_crash import free_port
 
 from gmmlsh.index.config import CREATION_FIELDS, IndexConfig, creation_defaults, describe
 from gmmlsh.index.index import Index
-from gmmlsh.service.app import open_index
 from gmmlsh.service.cli import main
+from gmmlsh.service.opening import open_index
 from gmmlsh.service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -83,7 +83,7 @@ def _open_or_fail(settings) -> None:
     (nothing is kept across the workers' fork): a store that is down, a conflicting
     configuration or a missing index is then one line and exit 1, whatever ``--workers``
     says, instead of a traceback per worker and an exit code that depends on how many."""
-    from gmmlsh.service.app import open_index
+    from gmmlsh.service.opening import open_index
 
     try:
         open_index(settings).close()
