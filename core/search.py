@@ -210,6 +210,21 @@ def _exact_impl(qbuf, qn, exclude, alive, voff, vi, vf, norms, n, out):
 exact_parallel, exact_serial = twin_kernels(_exact_impl, nogil=True, cache=True)
 
 
+def _exact_block_impl(Q, qn, exclude, alive, voff, vi, vf, norms, lo, hi, out):
+    for r in prange(lo, hi):
+        for j in range(Q.shape[0]):
+            if alive[r] and r != exclude[j]:
+                out[j, r - lo] = row_gmm(Q[j], qn[j], voff, vi, vf, norms, r)
+            else:
+                out[j, r - lo] = -1.0
+
+
+#: Exact GMM of many queries against rows ``lo ≤ r < hi``: ``out[j, r − lo]`` (−1 for retired
+#: rows and query j's ``exclude[j]``). A row is read from memory once for all the queries
+#: (one query at a time reads every row for each: at 784 dimensions that is memory-bound).
+exact_block_parallel, exact_block_serial = twin_kernels(_exact_block_impl, nogil=True, cache=True)
+
+
 @njit(nogil=True, cache=True)
 def row_cosine(qbuf, q_l2, voff, vi, vf, r):
     """Correlation ρ (cosine) of the query with mirror row ``r`` (for NRFF's exact RBF)."""

@@ -24,6 +24,8 @@ from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
 from gmmlsh.core.search import (
+    exact_block_parallel,
+    exact_block_serial,
     exact_parallel,
     exact_postings,
     exact_rows,
@@ -173,6 +175,68 @@ def run_exact(view: View, q: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
         zero = np.setdiff1d(np.flatnonzero(view.alive[:n]), np.append(rows, q.exclude))[:k - m]
         rows, sims = np.concatenate([rows, zero]), np.concatenate([sims, np.zeros(zero.shape[0])])
     return rows, sims, live
+
+
+#: Bytes of similarities a batch of exact queries holds at a time (rows are scored in blocks).
+_EXACT_BLOCK_BYTES = 32 << 20
+
+
+def run_exact_many(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """:func:`run_exact` for a batch, each answer cut to its best ``k`` rows and those tied
+    with the ``k``-th (the similarities equal run_exact's; among tied rows the order may differ).
+
+    Where exact search reads most stored values anyway (dense data), the rows are scored in
+    blocks against all those queries at once, each row read once for the whole batch;
+    where postings spare most of them (sparse text), query by query.
+    """
+    if k < 1:
+        return [run_exact(view, q, k) for q in qs]
+    scan = [j for j, q in enumerate(qs) if _scans_most(view, q)]
+    found: list = [None] * len(qs)
+    for j, answer_j in zip(scan, _exact_block(view, [qs[j] for j in scan], k) if len(scan) > 1 else [], strict=True):
+        found[j] = answer_j
+    return [f if f is not None else run_exact(view, q, k) for f, q in zip(found, qs, strict=True)]
+
+
+def _scans_most(view: View, q: Prepared) -> bool:
+    """Whether exact search through postings would read most of the stored values anyway: no
+    postings, or dense rows and the query's postings hold half of them (images, not text)."""
+    g = view.generation
+    if g is None or not g.post_rows.shape[0]:
+        return True
+    c = q.coordinates()
+    touched = int((g.post_starts[c + 1] - g.post_starts[c]).sum())
+    stored = int(view.voff[view.rows])
+    return touched + stored - 2 * g.post_rows.shape[0] >= stored // 2
+
+
+def _exact_block(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    n, m = view.rows, len(qs)
+    Q = np.stack([q.dense for q in qs])
+    qn = np.array([q.norm for q in qs])
+    exclude = np.array([q.exclude for q in qs], dtype=np.int64)
+    step = max(1024, _EXACT_BLOCK_BYTES // (8 * m))
+    out = np.empty((m, min(step, n)))  # whole (C-contiguous) for every block; the last fills part
+    kept: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in qs]
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        args = (Q, qn, exclude, view.alive, view.voff, view.vi, view.vf, view.norms, lo, hi, out)
+        if int(view.voff[hi] - view.voff[lo]) * m >= PARALLEL_MIN_WORK:
+            with PARALLEL_LOCK:
+                exact_block_parallel(*args)
+        else:
+            exact_block_serial(*args)
+        for j in range(m):
+            sims = out[j, :hi - lo]
+            cut = max(0.0, np.partition(sims, -k)[-k]) if sims.shape[0] > k else 0.0
+            keep = np.flatnonzero(sims >= cut)
+            kept[j].append((keep + lo, sims[keep].copy()))
+    found = []
+    for j, q in enumerate(qs):
+        rows = np.concatenate([r for r, _ in kept[j]])
+        sims = np.concatenate([s for _, s in kept[j]])
+        found.append((rows, sims, view.live - (0 <= q.exclude < n and bool(view.alive[q.exclude]))))
+    return found
 
 
 def _exact_scan(view: View, q: Prepared) -> tuple[np.ndarray, np.ndarray, int]:

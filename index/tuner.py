@@ -31,7 +31,7 @@ import numpy as np
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.records import codes_of
-from gmmlsh.index.search import Prepared, prepare_row, prepare_vectors, run_exact, run_lsh
+from gmmlsh.index.search import Prepared, prepare_row, prepare_vectors, run_exact, run_exact_many, run_lsh
 
 #: Recall@10 the tuner plans for on served queries, and the margin it adds when it has only
 #: stored vectors to sample: they are easier queries than new ones where the data hold
@@ -46,6 +46,9 @@ NEIGHBORS = 10
 QUERIES = 64
 MIN_QUERIES = 64
 MIN_ROWS = 256
+#: Sample queries each setting that reaches the target is first timed on; the fastest few are
+#: then timed again on all of them, best of three passes.
+TIMING_QUERIES = 16
 _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
 _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
@@ -88,14 +91,12 @@ class QuerySample:
             return list(self.rows[:n])
 
 
-def _truth(view: View, qs: list[Prepared]) -> tuple[np.ndarray, float]:
-    """Each sample query's true 10th similarity (by exact search), and seconds per exact search."""
+def _truth(view: View, qs: list[Prepared]) -> np.ndarray:
+    """Each sample query's true 10th similarity (by exact search, as one batch)."""
     tenth = np.empty(len(qs))
-    t0 = time.perf_counter()
-    for i, q in enumerate(qs):
-        _, sims, _ = run_exact(view, q)
+    for i, (_, sims, _) in enumerate(run_exact_many(view, qs, NEIGHBORS)):
         tenth[i] = np.sort(sims)[::-1][min(NEIGHBORS, sims.shape[0]) - 1] if sims.shape[0] else 0.0
-    return tenth, (time.perf_counter() - t0) / max(1, len(qs))
+    return tenth
 
 
 def _sample(view: View, config: IndexConfig, queries: int, seed: int, served: list | None
@@ -157,7 +158,8 @@ def _cheapest_at(view, qs, tenth, config, target, probes, rank_bits) -> list[tup
     does the cost: a wide setting is tried first, and nothing narrower if it misses (the
     widest are left out of that trial: at a million rows it cost a third of the tuning).
     The fewest candidates are found by bisection, and a longer shortlist never needs more
-    candidates than a shorter one did."""
+    candidates than a shorter one did; once a longer shortlist changes no recall it is left
+    there (longer ones only cost more)."""
     def at(shortlist: int, candidates: int) -> float:
         params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
         return _recall(view, qs, tenth, params, config)
@@ -166,20 +168,24 @@ def _cheapest_at(view, qs, tenth, config, target, probes, rank_bits) -> list[tup
         return []
     found: list[tuple[float, SearchParams, float]] = []
     ceiling = len(_CANDIDATES)
+    before: dict[int, float] = {}  # recall at each candidate count tried, at the shorter shortlist
     for shortlist in _SHORTLISTS:
         ladder = [c for c in _CANDIDATES[:ceiling] if c <= shortlist]
-        lo, hi, best = 0, len(ladder) - 1, None
+        lo, hi, best, now = 0, len(ladder) - 1, None, {}
         while lo <= hi:  # the fewest candidates reaching the target (recall grows with them)
             mid = (lo + hi) // 2
-            r = at(shortlist, ladder[mid])
+            r = now[ladder[mid]] = at(shortlist, ladder[mid])
             if r >= target:
                 best, hi = (ladder[mid], r), mid - 1
             else:
                 lo = mid + 1
+        if now and all(before.get(c) == r for c, r in now.items()):
+            break  # the longer shortlist found nothing more: the first stage no longer limits recall
+        before = now
         if best is not None:
             candidates, r = best
             params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
-            found.append((_lsh_seconds(view, qs, params, config), params, r))
+            found.append((_lsh_seconds(view, qs[:TIMING_QUERIES], params, config), params, r))
             ceiling = _CANDIDATES.index(candidates) + 1
             if ceiling == 1:  # the fewest candidates there are: a longer shortlist only costs more
                 break
@@ -198,8 +204,8 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     qs, source = _sample(view, config, queries, seed, served)
     if target is None:
         target = TARGET_RECALL + (0.0 if served else STORED_MARGIN)
-    tenth, exact_s = _truth(view, qs)  # its exact searches warm the mirror's pages too
-    exact_s = min(exact_s, _seconds(lambda q: run_exact(view, q), qs[:8]))  # again, pages warm
+    tenth = _truth(view, qs)  # its exact search warms the mirror's pages too
+    exact_s = _seconds(lambda q: run_exact(view, q), qs[:8], rounds=2)  # as a query runs: alone
     hash_s = _hash_seconds(qs[:16], config)
     reached: list[tuple[float, SearchParams, float]] = []
     lists = view.generation.lists if view.generation is not None else 0

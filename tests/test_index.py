@@ -436,6 +436,36 @@ def test_a_generation_replaced_while_another_process_loads_it(tmp_path, fmnist):
         assert not (writer.dir / "gen-000001").exists()
 
 
+def test_exact_in_batches_equals_exact_one_at_a_time(tmp_path, fmnist, monkeypatch):
+    """The tuner's truth comes from batched exact search: dense rows scored in blocks against
+    all queries, sparse text through postings. Both give run_exact's best similarities, and
+    its count, with each stored query's own row left out; several blocks, the last one short."""
+    from gmmlsh.index import search
+    from gmmlsh.index.search import prepare_row, prepare_vectors, run_exact, run_exact_many
+
+    X, _, Q, _ = fmnist
+    rng = np.random.default_rng(3)
+    S = sp.random(3000, 20_000, density=0.003, random_state=4, format="csr", dtype=np.float32)
+    S.data = np.round(S.data * 9 + 1)
+    S = S[np.diff(S.indptr) > 0]
+    for name, data, queries, dim in (("dense", X[:3000], Q[:5], 784), ("sparse", S, S[:5], 20_000)):
+        with Index.open(tmp_path / name, IndexConfig(dim=dim, samples=64), maintain=False) as ix:
+            ix.upsert([str(i) for i in range(data.shape[0])], data)
+            ix.delete(["7", "8"])
+            ix.maintain()
+            view = ix.view()
+            qs = [prepare_row(view, int(r), ix.config) for r in rng.choice(view.rows, 6, replace=False)]
+            qs += prepare_vectors(queries.astype(np.float32), ix.config, sketch=False)
+            assert search._scans_most(view, qs[0]) == (name == "dense")
+            monkeypatch.setattr(search, "_EXACT_BLOCK_BYTES", 8 * len(qs) * 1100)  # blocks of 1,100 rows
+            for k in (1, 10):
+                for q, (rows, sims, scored) in zip(qs, run_exact_many(view, qs, k), strict=True):
+                    _, want, want_scored = run_exact(view, q, k)
+                    assert scored == want_scored and q.exclude not in rows.tolist()
+                    assert np.array_equal(np.sort(sims)[::-1][:k], np.sort(want)[::-1][:k])
+                    assert view.alive[rows].all() and len(rows) >= min(k, want_scored)
+
+
 def test_a_mirror_ahead_of_its_store_is_rebuilt(tmp_path, fmnist):
     """A restored backup is behind the mirror left in its directory: the mirror starts over."""
     X, _, _, _ = fmnist
