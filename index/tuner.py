@@ -33,12 +33,14 @@ from gmmlsh.index.mirror import View
 from gmmlsh.index.records import codes_of
 from gmmlsh.index.search import Prepared, prepare_row, prepare_vectors, run_exact, run_exact_many, run_lsh
 
-#: Recall@10 the tuner promises: the lower confidence bound of its sample's recall must reach
-#: it (:func:`_recall`). Stored vectors as the sample get a margin on top: they are easier
-#: queries than new ones where the data hold near-copies (on Fashion-MNIST grown to 1M,
-#: settings reaching 0.98 on stored vectors gave 0.963 on held-out queries). An index
-#: re-tunes on its served queries once it has :data:`MIN_QUERIES` of them.
-TARGET_RECALL = 0.95
+#: Recall@10 the tuner plans for: the lower confidence bound of its sample's recall must reach
+#: it (:func:`_recall`). It stands above the 0.95 the project promises because the queries to
+#: come differ from the sample (Fashion-MNIST, 60,000: a setting tuned to a bound of 0.95 on the
+#: first 128 test images gave 0.939 on 1,000). Stored vectors as the sample get a margin on
+#: top: they are easier queries than new ones where the data hold near-copies (on
+#: Fashion-MNIST grown to 1M, settings reaching 0.98 on stored vectors gave 0.963 on held-out
+#: queries). An index re-tunes on its served queries once it has :data:`MIN_QUERIES` of them.
+TARGET_RECALL = 0.96
 STORED_MARGIN = 0.02
 #: Standard errors below the sample's mean recall that must still reach the target (one-sided 95 %).
 CONFIDENCE_Z = 1.645
