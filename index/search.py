@@ -189,13 +189,11 @@ def run_exact_many(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndar
     blocks against all those queries at once, each row read once for the whole batch;
     where postings spare most of them (sparse text), query by query.
     """
-    if k < 1:
+    scan = [k >= 1 and _scans_most(view, q) for q in qs]
+    if sum(scan) < 2:
         return [run_exact(view, q, k) for q in qs]
-    scan = [j for j, q in enumerate(qs) if _scans_most(view, q)]
-    found: list = [None] * len(qs)
-    for j, answer_j in zip(scan, _exact_block(view, [qs[j] for j in scan], k) if len(scan) > 1 else [], strict=True):
-        found[j] = answer_j
-    return [f if f is not None else run_exact(view, q, k) for f, q in zip(found, qs, strict=True)]
+    blocked = iter(_exact_block(view, [q for q, s in zip(qs, scan, strict=True) if s], k))
+    return [next(blocked) if s else run_exact(view, q, k) for q, s in zip(qs, scan, strict=True)]
 
 
 def _scans_most(view: View, q: Prepared) -> bool:
@@ -206,7 +204,7 @@ def _scans_most(view: View, q: Prepared) -> bool:
         return True
     c = q.coordinates()
     touched = int((g.post_starts[c + 1] - g.post_starts[c]).sum())
-    stored = int(view.voff[view.rows])
+    stored = int(view.voff[view.rows])  # words of the vectors column; a posting is 2 of them
     return touched + stored - 2 * g.post_rows.shape[0] >= stored // 2
 
 
