@@ -208,8 +208,9 @@ class Client:
     ``url`` is the server's base URL (``http://127.0.0.1:8000``, or behind a proxy
     ``https://host/prefix``); ``api_key`` is sent as ``X-API-Key`` (needed only when the server
     runs with ``GMMLSH_API_KEY``); ``timeout`` bounds each request, in seconds (a float, an
-    ``httpx.Timeout``, or None for no limit). Use it as a context manager, or call
-    :meth:`close`, to release its connections.
+    ``httpx.Timeout``, or None for no limit); ``collection`` names the collection it reads and
+    writes (its routes under ``/collections/{name}``; None: the server's own). Use it as a context
+    manager, or call :meth:`close`, to release its connections.
 
     Inputs: one vector is a 1-D numpy array or list (dense), a 1×d scipy.sparse row (any
     format; sent as its nonzeros), or an ``(indices, values)`` pair; many vectors are a 2-D
@@ -219,11 +220,14 @@ class Client:
     """
 
     def __init__(self, url: str, api_key: str | None = None,
-                 timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT) -> None:
+                 timeout: float | httpx.Timeout | None = DEFAULT_TIMEOUT, collection: str | None = None) -> None:
         headers = {"Accept": "application/json", "User-Agent": "gmmlsh-client"}
         if api_key is not None:
             headers[_API_KEY_HEADER] = api_key
         self.url = url.rstrip("/")
+        #: The collection this client reads and writes (None: the server's own, ``/vectors`` …).
+        self.collection = collection
+        self._at = f"/collections/{quote(collection, safe='')}" if collection is not None else ""
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def __enter__(self) -> Client:
@@ -237,7 +241,8 @@ class Client:
         self._http.close()
 
     def __repr__(self) -> str:
-        return f"Client({self.url!r})"
+        return f"Client({self.url!r})" if self.collection is None else \
+            f"Client({self.url!r}, collection={self.collection!r})"
 
     # --- vectors ----------------------------------------------------------------------------
 
@@ -275,12 +280,12 @@ class Client:
                     item["metadata"] = metadata[n]
                 items.append(item)
             body = {"vectors": items}
-        out = self._call("POST", "/vectors", body=body)
+        out = self._call("POST", self._at + "/vectors", body=body)
         return UpsertResult(int(out["upserted"]), int(out["count"]))
 
     def get(self, id: Id) -> StoredVector:
         """The stored vector and metadata of an id (``GET /vectors/{id}``); 404 ``ApiError`` if unknown."""
-        out = self._call("GET", _vector_path(id))
+        out = self._call("GET", self._at + _vector_path(id))
         indices = out.get("indices")
         return StoredVector(
             id=out["id"], values=np.asarray(out["values"], dtype=np.float32),
@@ -290,38 +295,42 @@ class Client:
 
     def delete(self, id: Id) -> DeleteResult:
         """Delete an id everywhere (``DELETE /vectors/{id}``); 404 ``ApiError`` if unknown."""
-        out = self._call("DELETE", _vector_path(id))
+        out = self._call("DELETE", self._at + _vector_path(id))
         return DeleteResult(int(out["deleted"]), int(out["count"]))
 
     # --- queries ----------------------------------------------------------------------------
 
     def query(self, vector: VectorLike | None = None, *, id: Id | None = None, k: int | None = None,
               mode: str | None = None, min_similarity: float | None = None, candidates: int | None = None,
-              probes: int | None = None) -> QueryResult:
+              probes: int | None = None, filter: Mapping[str, Any] | None = None) -> QueryResult:
         """Nearest neighbours of a vector, or of a stored ``id`` (which is left out of its own answer).
 
         Give exactly one of ``vector`` (sent to ``POST /neighbors/search``) or ``id`` (``GET
         /neighbors?id=``). ``k`` (default: the server's ``default_k``), ``mode`` (``lsh``, the
         default; ``exact``; ``nrff``), ``min_similarity``, ``candidates`` (rerank budget) and
         ``probes`` (lists scanned) are the API's query parameters; None leaves the server's default.
+        ``filter``: only neighbours whose metadata pass it (the API's filter, Qdrant's shape).
         """
-        knobs = _knobs(k, mode, min_similarity, candidates, probes)
+        knobs = _knobs(k, mode, min_similarity, candidates, probes, filter)
         if (vector is None) == (id is None):
             raise TypeError("give exactly one of a vector or an id")
         if id is not None:
             if not _is_id(id):
                 raise TypeError("an id is a string or an integer")
-            return _result(self._call("GET", "/neighbors", params={"id": str(id), **knobs}))
-        return _result(self._call("POST", "/neighbors/search", body={**_vector_body(vector), **knobs}))
+            if filter is not None:
+                return _result(self._call("POST", self._at + "/neighbors/search", body={"id": id, **knobs}))
+            return _result(self._call("GET", self._at + "/neighbors", params={"id": str(id), **knobs}))
+        return _result(self._call("POST", self._at + "/neighbors/search", body={**_vector_body(vector), **knobs}))
 
     def query_batch(self, vectors: RowsLike | None = None, *, ids: Sequence[Id] | None = None,
                     k: int | None = None, mode: str | None = None, min_similarity: float | None = None,
-                    candidates: int | None = None, probes: int | None = None) -> list[QueryResult]:
+                    candidates: int | None = None, probes: int | None = None,
+                    filter: Mapping[str, Any] | None = None) -> list[QueryResult]:
         """Many queries in one request (``POST /neighbors/search`` with ``{"queries": [...]}``):
         one per row of ``vectors`` (a 2-D array, a scipy.sparse matrix or a list of vectors), or one
         per stored id of ``ids``; answers in the same order. The options apply to every query.
         A batch holds at most the server's ``max_batch`` queries (413 ``ApiError`` beyond)."""
-        knobs = _knobs(k, mode, min_similarity, candidates, probes)
+        knobs = _knobs(k, mode, min_similarity, candidates, probes, filter)
         if (vectors is None) == (ids is None):
             raise TypeError("give exactly one of vectors or ids")
         if ids is not None:
@@ -330,14 +339,15 @@ class Client:
             queries = [{"id": i} for i in ids]
         else:
             queries = _rows(vectors)
-        out = self._call("POST", "/neighbors/search", body={"queries": queries, **knobs})
+        out = self._call("POST", self._at + "/neighbors/search", body={"queries": queries, **knobs})
         return [_result(r) for r in out["results"]]
 
     # --- operations -------------------------------------------------------------------------
 
     def stats(self) -> Stats:
-        """Index size, parameters and search in use, and the server's limits (``GET /stats``)."""
-        out = self._call("GET", "/stats")
+        """Index size, parameters and search in use, and the server's limits (``GET /stats``, or
+        ``GET /collections/{name}`` for a client of a collection)."""
+        out = self._call("GET", self._at or "/stats")
         return Stats(count=int(out["count"]), backend=out["backend"], pid=int(out["pid"]), config=out["config"],
                      search=out["search"], mirror=out["mirror"], store=out["store"], service=out["service"],
                      raw=out)
@@ -388,8 +398,9 @@ def _vector_path(ext_id: Id) -> str:
 
 
 def _knobs(k: int | None, mode: str | None, min_similarity: float | None, candidates: int | None,
-           probes: int | None) -> dict[str, Any]:
-    given = {"k": k, "mode": mode, "min_similarity": min_similarity, "candidates": candidates, "probes": probes}
+           probes: int | None, filter: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    given = {"k": k, "mode": mode, "min_similarity": min_similarity, "candidates": candidates, "probes": probes,
+             "filter": filter}
     return {name: v for name, v in given.items() if v is not None}
 
 

@@ -35,7 +35,7 @@ from gmmlsh.index.index import Index
 WARM = 200
 #: The sketch search at its widest (every list, a 4,000 shortlist ranked on 8 bits, 2,000
 #: reranked): how close sketches come on text, whatever the tuner chose.
-WIDE_SEARCH = {"shortlist": 4000, "rank_bits": 8}
+WIDE_SEARCH = {"shortlist": 4000, "rank_bits": 8, "rare": 0.0}
 WIDE_QUERY = {"probes": 0, "candidates": 2000}
 
 
@@ -148,8 +148,12 @@ def report(results: list[dict], rest: dict | None) -> list[str]:
          "|---:|---:|---|---|---:|---:|---|---:|"]
     for r in results:
         d, e, w, s = r["rows"]["default"], r["rows"]["exact"], r["rows"]["wide"], r["search"]
-        chosen = "exact" if s["exact"] else (f"probes {s['probes']}, shortlist {s['shortlist']}, "
-                                             f"{s['rank_bits']} bits, C {s['candidates']}")
+        if s["exact"]:
+            chosen = "exact"
+        elif s["rare"]:
+            chosen = f"postings: rare ≤ {s['rare']:.2%} of rows, C {s['candidates']}"
+        else:
+            chosen = f"probes {s['probes']}, shortlist {s['shortlist']}, {s['rank_bits']} bits, C {s['candidates']}"
         L.append(f"| {r['n']:,} | {r['build_s']:.1f} s | {chosen} | {d['mode']}, {d['recall']:.3f}, {d['qps']:,.0f} | "
                  f"{e['qps']:,.0f} ({1e3 / e['qps']:.2f}) | {d['qps'] / e['qps']:.1f}× | "
                  f"{w['recall']:.3f}, {w['qps']:,.0f} | {r['exact_max_abs_error_vs_scipy']:.1e} |")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 import scipy.sparse as sp
@@ -36,7 +37,7 @@ from numba import njit, prange
 
 from gmmlsh.core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
 from gmmlsh.core.lane_step import broadcast_step
-from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
+from gmmlsh.core.parallel import PARALLEL_LOCK, parallel_pays, twin_kernels
 from gmmlsh.core.rng import coord_key, uniform
 from gmmlsh.core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
 
@@ -261,6 +262,17 @@ def walk_table(dim2: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return E, C
 
 
+#: Held while a batch fetches the per-process tables: the first batches of a bulk load arrive on
+#: several threads at once, and each would otherwise build its own copy.
+_TABLES_LOCK = threading.Lock()
+
+
+def _full_tables(dim2: int, k: int, seed: int, walk: bool) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """(:func:`constant_table`, :func:`walk_table` or :data:`NO_WALK`), each built once per process."""
+    with _TABLES_LOCK:
+        return constant_table(dim2, k, seed), walk_table(dim2, k, seed) if walk else NO_WALK
+
+
 def table_fits(dim: int, k: int, budget: int = TABLE_BUDGET_BYTES) -> bool:
     """Whether a full constant table for ``dim`` input dimensions and ``k`` samples fits."""
     return 2 * dim * _padded(k) * _BYTES_PER_CONSTANT <= budget
@@ -301,14 +313,14 @@ def _prepare(X, center, check: bool = True):
 
 def _direct_table(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Constants for just these (sorted, unique) coordinates."""
-    if coords.shape[0] * k >= PARALLEL_MIN_WORK // 16:
+    if parallel_pays(coords.shape[0] * k * 16):
         with PARALLEL_LOCK:
             return _fill_constants(coords, k, np.uint64(seed))
     return _fill_constants_serial(coords, k, np.uint64(seed))
 
 
 def _run(kernel_parallel, kernel_serial, work: int, n: int, *args) -> None:
-    if n > 1 and work >= PARALLEL_MIN_WORK:
+    if n > 1 and parallel_pays(work):
         with PARALLEL_LOCK:
             kernel_parallel(*args)
     else:
@@ -348,8 +360,8 @@ def sketch(
     out_t = np.empty((n, k) if return_t else (1, 1), dtype=np.int64)
     if form == "dense":
         if path == "table":
-            table, rowmap = constant_table(2 * dim, k, int(seed)), np.arange(2 * dim, dtype=np.int64)
-            walk = NO_WALK if return_t else walk_table(2 * dim, k, int(seed))
+            table, walk = _full_tables(2 * dim, k, int(seed), not return_t)
+            rowmap = np.arange(2 * dim, dtype=np.int64)
         else:
             walk = NO_WALK
             used = _dense_coords(data)
@@ -361,7 +373,7 @@ def sketch(
     else:
         n, dim, indptr, coords, logs = data
         if path == "table":
-            table, rows = constant_table(2 * dim, k, int(seed)), coords
+            table, rows = _full_tables(2 * dim, k, int(seed), False)[0], coords
         else:
             uniq, rows = np.unique(coords, return_inverse=True)
             table, rows = _direct_table(uniq, k, seed), rows.astype(np.int64).reshape(-1)

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch
-from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, twin_kernels
+from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, parallel_pays, twin_kernels
 from gmmlsh.core.validate import DimensionError, check_batch, check_dense, check_sparse
 
 #: Sums may be reassociated (that is what lets LLVM vectorise them); inputs are
@@ -188,7 +188,7 @@ def l1_norms(X) -> np.ndarray:
             X = X.sorted_indices()
         return _l1_csr(X.indptr.astype(np.int64), X.data)
     X = np.atleast_2d(np.asarray(X))
-    if X.size < PARALLEL_MIN_WORK:
+    if not parallel_pays(X.size):
         return _l1_dense_serial(X)
     with PARALLEL_LOCK:
         return _l1_dense(X)

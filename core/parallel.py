@@ -12,12 +12,22 @@ import threading
 import types
 from collections.abc import Callable
 
+import numba
 from numba import njit
 
 PARALLEL_LOCK = threading.RLock()
 
 #: Below this many inner-loop steps a batch runs serially (threads cost more than they save).
 PARALLEL_MIN_WORK = 1 << 20
+
+
+def parallel_pays(work: int) -> bool:
+    """Whether a batch of ``work`` inner-loop steps takes the parallel twin of its kernel: it is
+    big enough, and the calling thread lets numba use more than one thread. A thread that
+    runs beside others doing the same work (a bulk load's hashing workers) sets
+    ``numba.set_num_threads(1)`` and so runs serial kernels: no lock, and no parallel region
+    waiting on a thread that another one has preempted."""
+    return work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1
 
 
 def twin_kernels(impl: Callable, **options) -> tuple[Callable, Callable]:

@@ -249,67 +249,6 @@ def row_cosine(qbuf, q_l2, voff, vi, vf, r):
 
 
 @njit(nogil=True, cache=True)
-def postings_count(voff, vi, rows, dim):
-    """Postings start of every coordinate (``dim + 1``, int64) over the sparse mirror rows
-    ``rows``: the first pass of building postings without a second copy of the rows."""
-    starts = np.zeros(dim + 1, dtype=np.int64)
-    for r in rows:
-        off = voff[r]
-        for t in vi[off + 2:off + 2 + vi[off]].view(np.uint32):
-            starts[t + 1] += 1
-    for c in range(dim):
-        starts[c + 1] += starts[c]
-    return starts
-
-
-@njit(nogil=True, cache=True)
-def postings_fill(voff, vi, vf, rows, starts, out_rows, out_vals):
-    """The second pass: each coordinate's rows (ascending) and values, written into the
-    (memory-mapped) outputs at ``starts``."""
-    at = starts[:-1].copy()
-    for r in rows:
-        off = voff[r]
-        count = vi[off]
-        idx = vi[off + 2:off + 2 + count].view(np.uint32)
-        vals = vf[off + 2 + count:off + 2 + 2 * count]
-        for p in range(count):
-            t = idx[p]
-            out_rows[at[t]] = r
-            out_vals[at[t]] = vals[p]
-            at[t] += 1
-
-
-@njit(nogil=True, cache=True)
-def exact_postings(qbuf, qidx, qn, exclude, alive, norms, post_starts, post_rows, post_vals, acc, seen, out_rows,
-                   out_sims):
-    """Exact GMM of the query against every sparse row sharing a nonzero coordinate with it,
-    from postings (coordinate → rows and values): work in proportion to the postings of the
-    query's coordinates, not to the index. Returns how many rows were written to the
-    outputs; ``acc``/``seen`` (one slot per row, zero on entry) are zero again on exit."""
-    m = 0
-    for t in qidx:
-        qv = qbuf[t]
-        for p in range(post_starts[t], post_starts[t + 1]):
-            r = post_rows[p]
-            if not seen[r]:
-                seen[r] = 1
-                out_rows[m] = r
-                m += 1
-            acc[r] += _same_sign_min(qv, np.float64(post_vals[p]))
-    n = 0
-    for i in range(m):
-        r = out_rows[i]
-        s = acc[r]
-        acc[r] = 0.0
-        seen[r] = 0
-        if alive[r] and r != exclude:
-            out_rows[n] = r
-            out_sims[n] = _ratio(s, qn, norms[r])
-            n += 1
-    return n
-
-
-@njit(nogil=True, cache=True)
 def exact_rows(qbuf, qn, exclude, alive, voff, vi, vf, norms, rows, out_rows, out_sims):
     """Exact GMM of the query against the given rows (live ones, ``exclude`` left out)."""
     n = 0

@@ -159,8 +159,9 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
         rec = index.store.read(np.array([i for i, _ in part], dtype=np.int64), ["name", "vector", "sketch", "meta"])
         sk = np.frombuffer(b"".join(rec["sketch"]), np.uint8).reshape(len(part), -1)
         planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
+        norms, payloads = index.mirror._payloads(rec["vector"])
         for t, (iid, r) in enumerate(part):
-            norm, payload = index.mirror._payload(rec["vector"][t])
+            norm, payload = norms[t], payloads[t]
             off = int(view.voff[r])
             if view.norms[r] != norm or not np.array_equal(view.vi[off:off + payload.shape[0]].view(np.uint32),
                                                            payload):

@@ -6,7 +6,10 @@ mapping into a hole the filesystem cannot fill kills the process with SIGBUS, so
 full disk must show up here, as :class:`DiskFull`, instead. Every process maps the
 whole file shared, so its pages live once per machine in the page cache however
 many workers read them. Rows are only ever appended past what readers use, so a
-reader needs no lock: it reads the rows a published count covers.
+reader needs no lock: it reads the rows a published count covers. Appended rows are
+written to the file (``pwritev``), not stored through the mapping: a store into a
+mapped page the file has not written yet first faults it in, zero-filled, then copies
+over it; a write copies once.
 """
 
 from __future__ import annotations
@@ -26,6 +29,36 @@ _MIN_ROWS = 1024
 
 #: ``MADV_POPULATE_READ`` (Linux ≥ 5.14; Python's mmap module does not name it).
 _POPULATE_READ = 22
+#: Buffers one ``pwritev`` call takes at most (``IOV_MAX`` on Linux).
+_IOV_MAX = 1024
+
+
+def _nbytes(buffer) -> int:
+    return buffer.nbytes if isinstance(buffer, np.ndarray) else len(buffer)
+
+
+def _pwrite(path: Path, offset: int, buffers: list) -> None:
+    """Write ``buffers`` (bytes, or C-contiguous arrays) one after another at byte ``offset`` of a file."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for lo in range(0, len(buffers), _IOV_MAX):
+            group = buffers[lo:lo + _IOV_MAX]
+            size = sum(map(_nbytes, group))
+            done = os.pwritev(fd, group, offset)
+            if done < size:  # a short write (a signal, a full disk): the rest in one piece
+                rest = b"".join(group)[done:]
+                while rest:
+                    n = os.pwrite(fd, rest, offset + done)
+                    if n == 0:
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                    done, rest = done + n, rest[n:]
+            offset += size
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f"no space left for the search mirror at {path.parent}") from None
+        raise
+    finally:
+        os.close(fd)
 
 
 def _raw_map(array) -> mmap.mmap | None:
@@ -78,8 +111,8 @@ class Column:
         self.dirty = False
 
     def _remap(self) -> None:
-        if not self.path.exists():
-            self._grow_file(_MIN_ROWS)
+        if not self.path.exists() or self.path.stat().st_size < _MIN_ROWS * self._row_bytes:
+            self._grow_file(_MIN_ROWS)  # new, or created by a process killed before it sized it
         cap = self.path.stat().st_size // self._row_bytes
         shape = (cap, self.width) if self.width else (cap,)
         self._map = huge_pages(np.memmap(self.path, dtype=self.dtype, mode="r+", shape=shape))
@@ -122,6 +155,13 @@ class Column:
         self.dirty = True
         return self._map[:n]
 
+    def write(self, start: int, values: np.ndarray) -> None:
+        """Put ``values`` at rows ``start, start + 1, …`` (the writer's side; room is made as by
+        :meth:`reserve`)."""
+        values = np.ascontiguousarray(values, dtype=self.dtype)
+        self.reserve(start + values.shape[0])
+        _pwrite(self.path, start * self._row_bytes, [values])
+
     def fsync(self) -> None:
         """Put what this process wrote on disk (before a state that covers it is published)."""
         if self.dirty:
@@ -148,20 +188,17 @@ class Blobs:
         self.data = Column(directory / f"{name}.dat", dtype)
 
     def append(self, start: int, parts: list) -> None:
-        """Write rows ``start, start + 1, …`` from ``parts`` (arrays of ``dtype``, or bytes)."""
+        """Write rows ``start, start + 1, …`` from ``parts`` (bytes, or arrays of ``dtype``), each
+        written from where it lies: no copy of the batch, no conversion row by row."""
         if not parts:
             return
-        arrays = [np.frombuffer(p, dtype=self.data.dtype) if isinstance(p, bytes | memoryview) else p
-                  for p in parts]
-        lengths = np.fromiter((a.shape[0] for a in arrays), dtype=np.int64, count=len(arrays))
-        offs = self.offsets.reserve(start + len(arrays) + 1)
-        if start == 0:
-            offs[0] = 0
-        base = int(offs[start])
+        size = self.data.dtype.itemsize
+        lengths = np.fromiter(map(_nbytes, parts), dtype=np.int64, count=len(parts)) // size
+        base = 0 if start == 0 else int(self.offsets.reserve(start + 1)[start])
         ends = base + np.cumsum(lengths)
-        data = self.data.reserve(int(ends[-1]))
-        data[base:int(ends[-1])] = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-        offs[start + 1:start + 1 + len(arrays)] = ends
+        self.data.reserve(int(ends[-1]))
+        _pwrite(self.data.path, base * size, parts)
+        self.offsets.write(start, np.concatenate([[base], ends]))
 
     def views(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(offsets of rows ``< n`` plus the end, data they cover)."""

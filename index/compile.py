@@ -20,7 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from gmmlsh.core.gcws import _sample_dense_serial, _sample_split_serial
-from gmmlsh.core.search import exact_postings, search
+from gmmlsh.core.postings import exact_postings
+from gmmlsh.core.search import search
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 
@@ -43,7 +44,7 @@ def compile_kernels() -> float:
     rng = np.random.default_rng(0)
     X = (rng.random((3000, 32)) * (rng.random((3000, 32)) < 0.5)).astype(np.float32)
     X[:, 0] += 0.5
-    S = sp.random(300, 50_000, density=0.002, random_state=1, format="csr", dtype=np.float32)
+    S = sp.random(2500, 50_000, density=0.002, random_state=1, format="csr", dtype=np.float32)  # lists, postings
     S.data += 1.0
     S = S[np.diff(S.indptr) > 0]
     with tempfile.TemporaryDirectory(prefix="gmmlsh-compile-") as d:
@@ -52,7 +53,7 @@ def compile_kernels() -> float:
             with Index.open(os.path.join(d, name), config, maintain=False) as ix:
                 ix.upsert([str(i) for i in range(data.shape[0])], data)
                 ix.maintain()
-                for mode in ("lsh", "exact") + (("nrff",) if config.nrff_k else ()):
+                for mode in ("lsh", "exact") + (("nrff",) if config.nrff_k else ("postings",)):
                     ix.query(data[:1] if name == "sparse" else data[0], k=3, mode=mode)
                     ix.query(id="1", k=3, mode=mode)
                 ix.query(data[0], k=3, candidates=20, probes=2)

@@ -21,6 +21,19 @@ FORMAT_VERSION = 2
 MAX_K = 1000
 #: Largest rerank budget (vectors scored by exact GMM per query).
 MAX_CANDIDATES = 100_000
+#: A filtered query whose condition leaves at most this many rows scores them all by exact GMM
+#: (the exact filtered answer); above it, the sketch search runs with its scan widened.
+FILTER_EXACT_ROWS = 4096
+#: Above it, up to this share of the rows passing: the sketch search runs over the passing rows
+#: alone (gathered once per filter); a larger share: over every row, the others masked out.
+FILTER_SUBSET_SHARE = 0.5
+#: Bytes of such gathered rows a process keeps for filters used again (most recent first).
+FILTER_SUBSET_BYTES = 256 << 20
+#: Largest page of a scroll (ids with their metadata).
+MAX_SCROLL_LIMIT = 10_000
+#: Share of the rows a rare coordinate is held by at most, for a postings search the tuner did
+#: not set (``mode=postings`` asked for by a query; see :class:`SearchParams`).
+DEFAULT_RARE = 1 / 128
 #: Creation parameters a user may set (the rest are fixed by the release or given at creation).
 CREATION_FIELDS = ("dim", "samples", "bits", "seed", "t_bits", "nrff_k", "gamma")
 #: Fields that fix how vectors are hashed and stored.
@@ -113,14 +126,18 @@ class SearchParams:
 
     ``probes``: inverted lists scanned (all: 0); ``shortlist``: rows ranked on every
     sample; ``rank_bits``: bits per code in that ranking; ``candidates``: rows scored
-    by exact GMM (the rerank budget). ``exact`` answers by brute force instead, where
-    the tuner found that cheaper for the recall asked.
+    by exact GMM (the rerank budget). ``rare`` > 0 searches sparse rows through postings
+    instead of sketches (:mod:`gmmlsh.core.postings`): coordinates held by at most this
+    share of the rows are read, the commonest from head columns, the rest skipped, and the
+    best ``candidates`` scored exactly. ``exact`` answers by brute force instead. The tuner
+    chooses among them by what reaches the recall asked at the least cost.
     """
 
     probes: int = 0
     shortlist: int = 2000
     rank_bits: int = 8
     candidates: int = 200
+    rare: float = 0.0
     exact: bool = False
 
     def to_dict(self) -> dict:

@@ -9,8 +9,9 @@ are assigned to the existing centroids and merged into the lists (retired rows
 dropped); when the index has doubled since the centroids were fit, they are fit
 again on a sample (~``LIST_ROWS`` rows a list). A generation also carries the
 *postings* of its sparse rows (coordinate → rows and values, for exact search in
-proportion to the postings a query touches) and the list of its dense rows (which exact
-search scans). A generation's files never change; a new one is written to its own
+proportion to the postings a query touches; where most rows are sparse, also the head
+columns of the postings search, :mod:`gmmlsh.core.postings`) and the list of its dense rows
+(which exact search scans). A generation's files never change; a new one is written to its own
 directory and then named in the mirror's state.
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from gmmlsh.core.ivf import assign, kmodes
-from gmmlsh.core.search import postings_count, postings_fill
+from gmmlsh.core.postings import head_columns, postings_count, postings_fill
 from gmmlsh.index.columns import huge_pages
 
 #: Rows per inverted list the centroids aim for.
@@ -34,7 +35,8 @@ LIST_ROWS = 512
 MIN_ROWS = 2048
 #: Most rows the tail grows to before a new generation is built.
 TAIL_MAX = 16384
-_ARRAYS = ("centroids", "starts", "lrows", "lfirst", "post_starts", "post_rows", "post_vals", "dense_rows")
+_ARRAYS = ("centroids", "starts", "lrows", "lfirst", "post_starts", "post_rows", "post_vals", "dense_rows",
+           "head_slot", "head_cols", "head_scale")
 #: Rows of the k-modes sample per list (capped by :data:`SAMPLE_MAX`).
 SAMPLE_PER_LIST = 64
 SAMPLE_MAX = 1 << 18
@@ -55,6 +57,15 @@ class Generation:
     post_rows: np.ndarray  # (postings,) uint32: the sparse rows holding each coordinate
     post_vals: np.ndarray  # (postings,) float32: their values there
     dense_rows: np.ndarray  # (dense rows,) uint32: the live dense rows
+    head_slot: np.ndarray  # (dim,) int32: a coordinate's head column, or -1 (see core.postings)
+    head_cols: np.ndarray  # (heads, rows) int8: the commonest coordinates' values, row by row
+    head_scale: np.ndarray  # (heads,) float32: the value of one level of each head column
+
+    @property
+    def postings_search(self) -> bool:
+        """Whether the postings search applies: most of the generation's rows are sparse
+        (text), so it has head columns."""
+        return self.head_cols.shape[0] > 0
 
     @property
     def lists(self) -> int:
@@ -125,6 +136,12 @@ def build(directory: Path, view, previous: Generation | None, dim: int, seed: in
                             for key, dtype in (("post_rows", np.uint32), ("post_vals", np.float32)))
     if post_starts[-1]:
         postings_fill(view.voff, view.vi, view.vf, sparse_rows, post_starts, post_rows, post_vals)
+    heads = (head_columns(post_starts, post_rows, post_vals, rows, sparse_rows.shape[0])
+             if 2 * sparse_rows.shape[0] > live.shape[0] else
+             (np.full(dim, -1, np.int32), np.zeros((0, rows), np.int8), np.zeros(0, np.float32)))
+    for key, value in zip(("head_slot", "head_cols", "head_scale"), heads, strict=True):
+        np.save(tmp / f"{key}.npy", value)
+    del heads
     post_rows.flush()
     post_vals.flush()
     del post_rows, post_vals

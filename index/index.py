@@ -24,10 +24,22 @@ import numpy as np
 
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import generation, tuner
-from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, IndexConfig, SearchParams
+from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
+from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
+from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
 from gmmlsh.index.records import StoredVector, as_given, as_stored, check_id, prepare, query_rows
-from gmmlsh.index.search import MODES, QueryResult, answer, prepare_row, prepare_vectors, run_exact, run_lsh, run_nrff
+from gmmlsh.index.search import (
+    MODES,
+    QueryResult,
+    answer,
+    prepare_row,
+    prepare_vectors,
+    run_exact,
+    run_lsh,
+    run_nrff,
+    run_postings,
+)
 from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
 
 log = logging.getLogger("gmmlsh.index")
@@ -52,6 +64,16 @@ class UnknownIdError(KeyError):
 def is_redis(location) -> bool:
     """Whether a location names a Redis server rather than an LMDB directory."""
     return str(location).startswith(("redis://", "rediss://", "unix://"))
+
+
+def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the search mirror of an index lives on this machine: inside an LMDB index's
+    directory; for a Redis one, under ``cache_dir``, named by its URL, prefix and uid."""
+    loc = str(location)
+    if not is_redis(loc):
+        return Path(loc) / "mirror"
+    tag = hashlib.sha256(f"{loc}|{prefix}|{uid}".encode()).hexdigest()[:16]
+    return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}"
 
 
 def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
@@ -80,6 +102,19 @@ class Index:
         self.last_tuning: dict | None = None
         #: The queries this index served, sampled: the tuner re-tunes on them (index/tuner.py).
         self.served = tuner.QuerySample()
+        #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
+        self.columns = MetaColumns()
+        self._names = NameOrder()
+        #: The collection this index is (:mod:`gmmlsh.index.collections`); "default": the location's own.
+        self.collection = "default"
+
+    def declare_indexed(self, fields: Sequence[str]) -> None:
+        """Metadata fields to keep indexed (value → rows lists; a collection declares them)."""
+        self.columns = MetaColumns(tuple(fields))
+
+    @property
+    def indexed(self) -> tuple[str, ...]:
+        return self.columns.indexed
 
     @classmethod
     def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh", create: bool = True,
@@ -106,12 +141,7 @@ class Index:
                 diffs = config.conflicts(found)
                 if diffs:
                     raise ConfigConflict("index has other parameters: " + "; ".join(diffs))
-            if is_redis(loc):
-                tag = hashlib.sha256(f"{loc}|{prefix}|{found.uid}".encode()).hexdigest()[:16]
-                mirror_dir = Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}"
-            else:
-                mirror_dir = Path(loc) / "mirror"
-            return cls(store, found, mirror_dir, search=search, maintain=maintain)
+            return cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir), search=search, maintain=maintain)
         except BaseException:
             store.close()
             raise
@@ -181,13 +211,15 @@ class Index:
 
     # --- queries -------------------------------------------------------------------------------
     def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "lsh",
-              min_similarity: float = 0.0, candidates: int | None = None, probes: int | None = None
-              ) -> QueryResult:
+              min_similarity: float = 0.0, candidates: int | None = None, probes: int | None = None,
+              filter: dict | Filter | None = None) -> QueryResult:
         """Nearest neighbours of a vector (dense, ``(indices, values)`` or a 1-row CSR) or of a
-        stored id (which is then left out)."""
+        stored id (which is then left out); with a ``filter`` (:mod:`gmmlsh.index.filters`),
+        the nearest of the vectors whose metadata pass it."""
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
+        flt = as_filter(filter)
         X32 = query_rows(vector, self.config.dim) if vector is not None else None
         if X32 is not None:
             self.served.add(X32)
@@ -205,12 +237,14 @@ class Index:
             q = prepare_row(view, row, self.config)
         else:
             q = prepare_vectors(X32, self.config, sketch=mode == "lsh")[0]
-        return self._answer(view, [q], k, mode, min_similarity, params)[0]
+        return self._answer(view, [q], k, mode, min_similarity, params, flt)[0]
 
     def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
-                    candidates: int | None = None, probes: int | None = None) -> list[QueryResult]:
+                    candidates: int | None = None, probes: int | None = None,
+                    filter: dict | Filter | None = None) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
+        flt = as_filter(filter)
         X32 = as_stored(X, self.config.dim, "vectors")
         self.served.add(X32)
         view = self.view()
@@ -218,25 +252,57 @@ class Index:
         out: list[QueryResult] = []
         for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
             qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=mode == "lsh")
-            out += self._answer(view, qs, k, mode, min_similarity, params)
+            out += self._answer(view, qs, k, mode, min_similarity, params, flt)
         return out
 
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
         """The search parameters and the mode that answers: the tuner may have found brute
-        force cheaper than any sketch search for this index (unless the query set knobs)."""
+        force (unless the query set knobs) or the postings search (unless it set ``probes``, a
+        knob of the sketch search) cheaper for this index than the sketch search."""
         params = self.params(view, candidates=candidates, probes=probes)
         if mode == "lsh" and params.exact and candidates is None and probes is None:
             mode = "exact"
+        elif mode == "lsh" and params.rare > 0 and probes is None:
+            mode = "postings"
         return params, mode
 
-    def _answer(self, view, qs, k, mode, min_similarity, params) -> list[QueryResult]:
+    def _answer(self, view, qs, k, mode, min_similarity, params, flt=None) -> list[QueryResult]:
+        if flt is not None:
+            return run_filtered(view, qs, k, mode, min_similarity, params, self.config, flt, self.columns)
         if mode == "lsh":
             found = run_lsh(view, qs, params, self.config)
             return [answer(view, mode, k, rows, sims, len(rows), min_similarity) for rows, sims, _ in found]
         if mode == "exact":
             return [answer(view, mode, k, *run_exact(view, q, k), min_similarity) for q in qs]
+        if mode == "postings":
+            return [answer(view, mode, k, *run_postings(view, q, params), min_similarity) for q in qs]
         return [answer(view, mode, k, *run_nrff(view, q, self.config, params.candidates), min_similarity)
                 for q in qs]
+
+    # --- by metadata ---------------------------------------------------------------------------
+    def scroll(self, cursor: str | None = None, limit: int = 100, filter: dict | Filter | None = None
+               ) -> tuple[list[tuple[str, dict | None]], str | None]:
+        """A page of stored ``(id, metadata)`` in id order after ``cursor`` (the last id of the
+        previous page; None: from the start), those passing ``filter`` only, and the next
+        page's cursor (None at the end). Every id stored throughout comes exactly once."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SCROLL_LIMIT:
+            raise VectorError("limit", f"must be an integer between 1 and {MAX_SCROLL_LIMIT}, got {limit!r}")
+        if cursor is not None:
+            check_id(cursor, "cursor")
+        return scroll(self.view(), self._names, self.columns, as_filter(filter), cursor, limit)
+
+    def delete_where(self, filter: dict | Filter) -> int:
+        """Delete every vector whose metadata pass ``filter``; returns how many went. A vector
+        replaced meanwhile by a version that no longer matches is left alone."""
+        flt = as_filter(filter)
+        if flt is None or not (flt.must or flt.should or flt.must_not):
+            raise FilterError("filter", "give a condition (to delete everything, delete the collection)")
+        view = self.view()
+        rows = matching(view, flt, self.columns)[1]
+        if not rows.shape[0]:
+            return 0
+        names = view.names_of(rows.tolist())
+        return self.store.delete(names, expect=view.iid[rows].astype(np.int64))
 
     # --- upkeep --------------------------------------------------------------------------------------
     def _maybe_maintain(self, view: View) -> None:
@@ -290,6 +356,7 @@ class Index:
         view = self.mirror.refresh()
         gen = view.generation
         return {
+            "collection": self.collection,
             "count": self.count(),
             "config": self.config.to_dict(),
             "search": {**self.params(view).to_dict(), "tuned_at_rows": view.tuned_rows,
@@ -298,6 +365,7 @@ class Index:
             "mirror": {"rows": view.rows, "lists": gen.lists if gen else 0, "listed_rows": view.tail_start,
                        "tail_rows": view.rows - view.tail_start, "disk_bytes": self.mirror.disk_bytes()},
             "store": self.store.info(),
+            "filters": {"indexed_fields": list(self.indexed)},
         }
 
     def check(self):
@@ -330,6 +398,11 @@ class Index:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def as_filter(spec: dict | Filter | None) -> Filter | None:
+    """A filter compiled (its shape checked), or None for none."""
+    return spec if spec is None or isinstance(spec, Filter) else compile_filter(spec)
 
 
 def _check_options(k, mode, min_similarity, candidates, probes) -> tuple[int, str, float]:

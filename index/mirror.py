@@ -47,7 +47,7 @@ from gmmlsh.index.records import DENSE, decode_vector
 from gmmlsh.index.store.base import Store
 
 #: Bump when the mirror's files change: an older mirror is rebuilt.
-MIRROR_FORMAT = 2
+MIRROR_FORMAT = 3
 #: Records read from the store per round trip while syncing.
 _READ_BATCH = 4096
 
@@ -256,44 +256,44 @@ class Mirror:
             m = len(keep)
             new_iids = part[keep]
             sk = np.frombuffer(b"".join(rec["sketch"][i] for i in keep), np.uint8).reshape(m, -1)
-            norms = np.empty(m)
-            payloads = []
-            for t, i in enumerate(keep):
-                norms[t], payload = self._payload(rec["vector"][i])
-                payloads.append(payload)
+            norms, payloads = self._payloads([rec["vector"][i] for i in keep])
             end = rows + m
-            self._iid.reserve(end)[rows:end] = new_iids
-            self._alive.reserve(end)[rows:end] = 1
-            self._norms.reserve(end)[rows:end] = norms
+            self._iid.write(rows, new_iids)
+            self._alive.write(rows, np.ones(m, np.uint8))
+            self._norms.write(rows, norms)
             planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
-            self._planes.reserve(end)[rows:end] = planes
-            self._first.reserve(end)[rows:end] = first_rows(planes, self.words, cfg.bits)
+            self._planes.write(rows, planes)
+            self._first.write(rows, first_rows(planes, self.words, cfg.bits))
             self._vectors.append(rows, payloads)
             self._names.append(rows, [rec["name"][i] for i in keep])
             self._meta.append(rows, [rec["meta"][i] or b"" for i in keep])
             if self._nrff is not None:
-                self._nrff.reserve(end)[rows:end] = np.frombuffer(
-                    b"".join(rec["nrff"][i] for i in keep), np.float32).reshape(m, cfg.nrff_k)
+                self._nrff.write(rows, np.frombuffer(b"".join(rec["nrff"][i] for i in keep), np.float32
+                                                     ).reshape(m, cfg.nrff_k))
             rowof = self._rowof.reserve(int(new_iids.max()) + 1)
             rowof[new_iids] = np.arange(rows + 1, end + 1, dtype=np.uint32)
             rows = end
         return rows
 
-    def _payload(self, blob: bytes) -> tuple[float, np.ndarray]:
-        """(norm, the words a row keeps: count, kind, values) of a stored vector blob."""
+    def _payloads(self, blobs: list[bytes]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(norms, the words each row keeps: count, kind, values) of stored vector blobs."""
         center = self.config.center
-        if center is None:
-            return float(np.frombuffer(blob, "<f8", 1)[0]), np.frombuffer(blob, np.uint32, offset=8)
-        norm, kind, idx, val = decode_vector(blob)
-        dense = np.zeros(self.config.dim, np.float64)
-        if idx is None:
-            dense[:] = val
-        else:
-            dense[idx] = val
-        out = np.empty(self.config.dim + 2, np.uint32)
-        out[0], out[1] = self.config.dim, DENSE
-        out[2:].view(np.float32)[:] = dense - np.asarray(center)
-        return norm, out
+        if center is None:  # the blob after its norm, as it is
+            return (np.frombuffer(b"".join([b[:8] for b in blobs]), "<f8"),
+                    [np.frombuffer(b, np.uint32, offset=8) for b in blobs])
+        norms, payloads = np.empty(len(blobs)), []
+        for t, blob in enumerate(blobs):
+            norms[t], _, idx, val = decode_vector(blob)
+            dense = np.zeros(self.config.dim, np.float64)
+            if idx is None:
+                dense[:] = val
+            else:
+                dense[idx] = val
+            out = np.empty(self.config.dim + 2, np.uint32)
+            out[0], out[1] = self.config.dim, DENSE
+            out[2:].view(np.float32)[:] = dense - np.asarray(center)
+            payloads.append(out)
+        return norms, payloads
 
     def _retire(self, iids: np.ndarray, rows: int) -> int:
         """Clear the live flag of these iids' rows; returns how many were live."""

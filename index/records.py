@@ -33,6 +33,7 @@ from gmmlsh.core.validate import (
     check_dense,
     check_sparse,
     dense_float32_or_none,
+    first_bad_row,
 )
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.store.base import MAX_ID_BYTES, RecordBatch
@@ -68,8 +69,14 @@ def as_stored(X, dim: int, field: str = "vectors"):
     """Validate a batch (dense 2-D array or CSR) and round it to float32, the stored precision.
 
     Refuses what float32 storage would break in valid float64 input: overflow to
-    inf, or a row whose every value underflows to 0.
+    inf, or a row whose every value underflows to 0. A float32 batch (a bulk load's
+    chunks) is already at stored precision: one compiled pass checks it, and it is
+    returned as it is.
     """
+    if isinstance(X, np.ndarray) and X.dtype == np.float32 and X.ndim == 2 and X.shape[1] == dim > 0:
+        X32 = np.ascontiguousarray(X)
+        if first_bad_row(X32)[1] == 0:  # all finite, no all-zero row; else the checks below name the row
+            return X32
     X = check_batch(X, dim, field=field)
     with np.errstate(over="ignore"):
         if sp.issparse(X):
@@ -188,12 +195,11 @@ def encode_vectors(X32, norms: np.ndarray) -> list[bytes]:
     out: list[bytes] = [b""] * n
     dense = np.flatnonzero(~sparse_rows)
     if dense.shape[0]:  # one structured array for all dense rows: no Python work per value
-        rec = np.zeros(dense.shape[0], dtype=[*(_HEAD.descr), ("values", "<f4", (dim,))])
+        rec = np.empty(dense.shape[0], dtype=[*(_HEAD.descr), ("values", "<f4", (dim,))])  # every byte set below
         rec["norm"], rec["count"], rec["kind"] = norms[dense], dim, DENSE
         rec["values"] = X32[dense].toarray() if indptr is not None else X32[dense]
-        raw, size = rec.tobytes(), rec.dtype.itemsize
-        for t, v in enumerate(dense.tolist()):
-            out[v] = raw[t * size:(t + 1) * size]
+        for v, blob in zip(dense.tolist(), rec.view(np.dtype((np.void, rec.dtype.itemsize))).tolist(), strict=True):
+            out[v] = blob  # (each record as bytes, copied once)
     head = np.zeros(1, dtype=_HEAD)
     for v in np.flatnonzero(sparse_rows).tolist():
         if indptr is not None:

@@ -23,11 +23,11 @@ from gmmlsh.core import nrff
 from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK
+from gmmlsh.core.postings import exact_postings, postings_search
 from gmmlsh.core.search import (
     exact_block_parallel,
     exact_block_serial,
     exact_parallel,
-    exact_postings,
     exact_rows,
     exact_serial,
     row_cosine,
@@ -35,11 +35,11 @@ from gmmlsh.core.search import (
     search_many_parallel,
     search_many_serial,
 )
-from gmmlsh.index.config import IndexConfig, SearchParams
+from gmmlsh.index.config import DEFAULT_RARE, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.records import as_hashed, codes_of
 
-MODES = ("lsh", "exact", "nrff")
+MODES = ("lsh", "exact", "nrff", "postings")
 _EMPTY_U64 = np.zeros((0, FIRST_WORDS), dtype=np.uint64)
 _EMPTY_I64 = np.zeros(1, dtype=np.int64)
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
@@ -91,11 +91,14 @@ def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepa
     if sp.issparse(Xh):  # scattered into zeros: scipy's toarray costs more than the query's nonzeros
         dense = np.zeros(Xh.shape)
         nonzero = [Xh.indices[Xh.indptr[i]:Xh.indptr[i + 1]] for i in range(n)]
+        norms = np.empty(n)
         for i in range(n):
-            dense[i, nonzero[i]] = Xh.data[Xh.indptr[i]:Xh.indptr[i + 1]]
+            values = Xh.data[Xh.indptr[i]:Xh.indptr[i + 1]]
+            dense[i, nonzero[i]] = values
+            norms[i] = np.abs(values, dtype=np.float64).sum()
     else:
         dense, nonzero = np.asarray(Xh, dtype=np.float64), [None] * n
-    norms = np.abs(dense).sum(axis=1)
+        norms = np.abs(dense).sum(axis=1)
     return [Prepared(planes[i] if sketch else None, first[i] if sketch else None, dense[i], float(norms[i]),
                      nonzero=nonzero[i]) for i in range(n)]
 
@@ -166,7 +169,7 @@ def run_exact(view: View, q: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
     rows, sims = np.empty(n, np.int64), np.empty(n)
     m = exact_postings(q.dense, q.coordinates(), q.norm, q.exclude, view.alive, view.norms, g.post_starts, g.post_rows,
                        g.post_vals, scratch.acc, scratch.seen, rows, sims)
-    rest = np.concatenate([g.dense_rows.astype(np.int64), np.arange(g.rows, n)])
+    rest = _unposted(view)
     m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
                     rows[m:], sims[m:])
     rows, sims = rows[:m], sims[:m]
@@ -175,6 +178,32 @@ def run_exact(view: View, q: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
         zero = np.setdiff1d(np.flatnonzero(view.alive[:n]), np.append(rows, q.exclude))[:k - m]
         rows, sims = np.concatenate([rows, zero]), np.concatenate([sims, np.zeros(zero.shape[0])])
     return rows, sims, live
+
+
+def run_postings(view: View, q: Prepared, params: SearchParams) -> tuple[np.ndarray, np.ndarray, int]:
+    """(rows, exact similarities, rows scored) of the postings search (:mod:`gmmlsh.core.postings`):
+    the generation's sparse rows ranked on the head columns and the postings of coordinates
+    held by at most ``params.rare`` of its rows, the best ``params.candidates`` scored
+    exactly; its dense rows and the tail scored exactly (as exact search does)."""
+    g = view.generation
+    if g is None or g.post_rows.shape[0] == 0:
+        return _exact_scan(view, q)
+    share = params.rare if params.rare > 0 else DEFAULT_RARE
+    scratch = _scratch(g.rows)
+    rest = _unposted(view)
+    rows, sims = np.empty(params.candidates + rest.shape[0], np.int64), np.empty(params.candidates + rest.shape[0])
+    m = postings_search(q.dense, q.coordinates(), q.norm, q.exclude, view.alive, view.norms, g.post_starts,
+                        g.post_rows, g.post_vals, g.head_slot, g.head_cols, g.head_scale, g.rows, int(share * g.rows),
+                        params.candidates, view.voff, view.vi, view.vf, scratch.rare, rows, sims)
+    m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
+                    rows[m:], sims[m:])
+    return rows[:m], sims[:m], m
+
+
+def _unposted(view: View) -> np.ndarray:
+    """Mirror rows no postings hold: the generation's dense rows and the tail."""
+    g = view.generation
+    return np.concatenate([g.dense_rows.astype(np.int64), np.arange(g.rows, view.rows)])
 
 
 #: Bytes of similarities a batch of exact queries holds at a time (rows are scored in blocks).
@@ -254,10 +283,11 @@ _SCRATCH = threading.local()
 
 
 def _scratch(rows: int):
-    """Per-thread zeroed accumulators of one slot per row (kept zero by the kernel)."""
+    """Per-thread zeroed accumulators of one slot per row (kept zero by the kernels)."""
     s = getattr(_SCRATCH, "s", None)
     if s is None or s.acc.shape[0] < rows:
-        s = SimpleNamespace(acc=np.zeros(max(rows, 1024) * 2), seen=np.zeros(max(rows, 1024) * 2, np.uint8))
+        size = max(rows, 1024) * 2
+        s = SimpleNamespace(acc=np.zeros(size), seen=np.zeros(size, np.uint8), rare=np.zeros(size, np.float32))
         _SCRATCH.s = s
     return s
 

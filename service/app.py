@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
 from gmmlsh.index.index import Index
+from gmmlsh.service.collections import CollectionManager
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if problem:  # reads are served; writes answer 503/507 until it is fixed (and /health says so)
             log.warning("writes will be refused: %s", settings.scrub(problem))
         threading.Thread(target=_warm, args=(index,), name="gmmlsh-warm", daemon=True).start()
+        app.state.collections = await run_in_threadpool(CollectionManager, settings, index)
         app.state.index = index
         metrics.bind_index(index.count)
         try:
@@ -93,6 +95,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             metrics.bind_index(None)
             app.state.index = None
+            await run_in_threadpool(app.state.collections.close)
             await run_in_threadpool(index.close)
 
     app = FastAPI(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import Request, Security
+from fastapi import Path, Request, Security
 from fastapi.security import APIKeyHeader
+from starlette.concurrency import run_in_threadpool
 
 from gmmlsh.index.index import Index
+from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
 from gmmlsh.service.errors import ApiError
 from gmmlsh.service.metrics import Metrics
 from gmmlsh.service.settings import Settings
@@ -25,11 +29,32 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_index(request: Request) -> Index:
+async def get_index(request: Request) -> AsyncIterator[Index]:
+    """The index of the request's collection: ``/collections/{collection}/…``, else the
+    server's (``GMMLSH_COLLECTION``, by default the index itself), held for the request."""
     index = getattr(request.app.state, "index", None)
     if index is None:  # only if a request slips in before the lifespan ran
         raise ApiError(503, "the index is not open yet")
-    return index
+    name = request.path_params.get("collection") or request.app.state.settings.collection
+    if name == DEFAULT_COLLECTION:
+        yield index
+        return
+    if not NAME_RE.match(name):  # also checked as a path parameter, which FastAPI reports after this ran
+        raise ApiError(422, "a collection name is 1-48 letters, digits, '_' or '-', starting with a letter or digit",
+                       field="collection")
+    manager = request.app.state.collections
+    held = await run_in_threadpool(manager.acquire, name)
+    try:
+        yield held
+    finally:
+        manager.release(held)
+
+
+async def collection_path(collection: Annotated[str, Path(
+        pattern=NAME_RE.pattern, description="collection name (`default`: the index itself)")]) -> str:
+    """The ``{collection}`` of a route under ``/collections/{collection}`` (checked here, so that
+    a malformed name is a 422 naming it)."""
+    return collection
 
 
 async def get_metrics(request: Request) -> Metrics:

@@ -22,8 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from gmmlsh.core.validate import VectorError
+from gmmlsh.index.filters import FilterError
 from gmmlsh.index.index import UnknownIdError
 from gmmlsh.index.store.base import ConfigConflict, DiskFull, StoreError, StoreUnavailable
+from gmmlsh.index.store.registry import CollectionExists, UnknownCollection
 from gmmlsh.service.schemas import UNION_TAGS, ErrorResponse
 
 log = logging.getLogger("gmmlsh.service")
@@ -152,6 +154,19 @@ async def _unknown_id_handler(request: Request, exc: UnknownIdError) -> Response
     return error_response(404, f"no vector with id {exc.ext_id!r}", field="id")
 
 
+async def _filter_error_handler(request: Request, exc: FilterError) -> Response:
+    return error_response(422, exc.reason, field=exc.field, code="invalid_filter",
+                          details=[{"field": exc.field, "message": exc.reason, "type": "FilterError"}])
+
+
+async def _unknown_collection_handler(request: Request, exc: UnknownCollection) -> Response:
+    return error_response(404, f"no collection named {exc.name!r}", field="collection")
+
+
+async def _collection_exists_handler(request: Request, exc: CollectionExists) -> Response:
+    return error_response(409, f"a collection named {exc.name!r} exists already", field="name")
+
+
 async def _unavailable_handler(request: Request, exc: Exception) -> Response:
     # The reason (a file path, a host, a driver message) goes to the log, not to the client.
     log.warning("store unavailable on %s %s: %s", request.method, request.url.path, exc)
@@ -206,6 +221,9 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error_handler)
     app.add_exception_handler(VectorError, _vector_error_handler)
     app.add_exception_handler(UnknownIdError, _unknown_id_handler)
+    app.add_exception_handler(FilterError, _filter_error_handler)
+    app.add_exception_handler(UnknownCollection, _unknown_collection_handler)
+    app.add_exception_handler(CollectionExists, _collection_exists_handler)
     app.add_exception_handler(DiskFull, _full_handler)
     app.add_exception_handler(StoreUnavailable, _unavailable_handler)
     app.add_exception_handler(ConfigConflict, _conflict_handler)
@@ -225,8 +243,9 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route: each error code with the shared error model."""
     text = {
         401: "Missing or wrong API key (only when GMMLSH_API_KEY is set)",
-        404: "Unknown id",
+        404: "Unknown id or collection",
         408: "Request body not received within body_timeout seconds",
+        409: "A collection of that name exists",
         413: "Request body over max_body_bytes, or more than max_batch vectors/queries",
         422: "Invalid input: field and reason in error.field / error.message",
         500: "Internal error (no traceback; see the server log)",

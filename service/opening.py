@@ -7,6 +7,7 @@ start-up time, and the supervising process never serves a request).
 
 from __future__ import annotations
 
+from gmmlsh.index.collections import DEFAULT_COLLECTION, Collections
 from gmmlsh.index.index import Index
 from gmmlsh.service.settings import Settings
 
@@ -36,6 +37,19 @@ def open_index(settings: Settings) -> Index:
     An existing index keeps its stored parameters even when ``dim`` etc. are set
     (so restarting a compose stack with GMMLSH_DIM in its environment is harmless).
     """
+    index = _open_default(settings)
+    if settings.collection != DEFAULT_COLLECTION:  # the unprefixed routes' collection must exist
+        try:
+            with Collections(settings.location, **{k: v for k, v in index_options(settings).items()
+                                                   if k != "search"}) as cols:
+                cols.get(settings.collection)
+        except BaseException:
+            index.close()
+            raise
+    return index
+
+
+def _open_default(settings: Settings) -> Index:
     opts = index_options(settings)
     try:
         return Index.open(settings.location, None, create=False, **opts)

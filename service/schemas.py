@@ -14,12 +14,24 @@ decimal string (the ids ``gmmlsh build`` gives are row numbers).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_type_hints
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    WithJsonSchema,
+    create_model,
+)
 
+from gmmlsh.index.config import CREATION_FIELDS, MAX_SCROLL_LIMIT, IndexConfig, describe
 from gmmlsh.index.search import MODES
 from gmmlsh.index.store.base import MAX_ID_BYTES
+from gmmlsh.index.store.registry import NAME_RE
 
 Mode = Literal[MODES]
 
@@ -109,15 +121,24 @@ class DeleteResponse(BaseModel):
 
 # --- queries ------------------------------------------------------------------------
 
+FILTER_HELP = (
+    "only neighbours whose metadata pass this filter (Qdrant's shape): {\"must\": [...], \"should\": [...], "
+    "\"must_not\": [...]} of conditions {\"key\": \"label\", \"match\": {\"value\": 3}}, "
+    "{\"key\": k, \"match\": {\"any\": [...]}}, {\"key\": k, \"range\": {\"gte\": 1, \"lt\": 5}}, "
+    "{\"key\": k, \"exists\": true}, or nested filters")
+
 
 class QueryParams(_Strict):
     """Knobs shared by every query; in a batch, per-query values override the batch's."""
 
     k: int | None = Field(None, ge=1, description="neighbours (default: default_k)")
-    mode: Mode | None = Field(None, description="lsh (default), exact (brute force) or nrff")
+    mode: Mode | None = Field(None, description="lsh (default: the tuned search), exact (brute force), nrff, or "
+                                                "postings (sparse rows through postings)")
     min_similarity: float | None = Field(None, ge=0.0, le=1.0)
-    candidates: int | None = Field(None, ge=1, description="rerank budget: rows scored by exact GMM (lsh mode)")
+    candidates: int | None = Field(None, ge=1,
+                                   description="rerank budget: rows scored by exact GMM (lsh and postings modes)")
     probes: int | None = Field(None, ge=0, description="inverted lists scanned (lsh mode; 0: all)")
+    filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
 
 
 class SearchQuery(QueryParams):
@@ -154,6 +175,71 @@ class NeighborsResponse(BaseModel):
 
 class SearchBatchResponse(BaseModel):
     results: list[NeighborsResponse]
+
+
+# --- collections, scroll, batch delete ------------------------------------------------
+
+
+def _creation_base() -> type[BaseModel]:
+    """One optional field per creation parameter, typed and described by IndexConfig."""
+    hints = get_type_hints(IndexConfig)
+    fields = {n: (hints[n] | None, Field(None, description=describe(n))) for n in CREATION_FIELDS}
+    return create_model("CollectionParams", __base__=_Strict, **fields)
+
+
+class CollectionCreate(_creation_base()):
+    """A new collection: its name, its parameters (IndexConfig's defaults for those left out;
+    ``dim`` may come from ``sample`` instead) and the metadata fields to index."""
+
+    name: str = Field(pattern=NAME_RE.pattern, description="1-48 letters, digits, _ or -")
+    indexed_fields: list[str] = Field(default_factory=list, description="metadata fields kept indexed "
+                                      "(value → ids lists; filters on them are cheapest)")
+    sample: list[list[float]] | None = Field(None, min_length=1, description="dense sample rows of the "
+                                             "data: the dimension is read from them (and checked)")
+
+
+class CollectionOut(BaseModel):
+    name: str
+    dim: int | None = None
+    indexed_fields: list[str] = []
+    created: float | None = None
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionOut]
+
+
+class ScrollRequest(_Strict):
+    cursor: Id | None = Field(None, description="the next_cursor of the previous page (none: from the start)")
+    limit: int = Field(100, ge=1, le=MAX_SCROLL_LIMIT, description="ids per page")
+    filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
+
+
+class ScrollItem(BaseModel):
+    id: str
+    metadata: dict[str, Any] | None = None
+
+
+class ScrollResponse(BaseModel):
+    items: list[ScrollItem]
+    next_cursor: str | None = Field(description="give it as cursor for the next page; null: the last page")
+
+
+class BatchDelete(_Strict):
+    """Exactly one of ``ids`` or ``filter``."""
+
+    ids: list[Id] | None = Field(None, min_length=1, description="ids to delete (unknown ones are skipped)")
+    filter: dict[str, Any] | None = Field(None, description="delete every vector whose metadata pass it")
+
+
+class BatchDeleteResponse(BaseModel):
+    deleted: int
+    count: int
+
+
+COLLECTION_BODY: TypeAdapter = TypeAdapter(CollectionCreate)
+SCROLL_BODY: TypeAdapter = TypeAdapter(ScrollRequest)
+DELETE_BODY: TypeAdapter = TypeAdapter(BatchDelete)
 
 
 # --- housekeeping -----------------------------------------------------------------
@@ -207,10 +293,19 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
+def body_schema(name: str) -> dict:
+    """The ``openapi_extra`` of a route that parses its own body: the body's schema by name
+    (one of :func:`request_schemas`)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+
 def request_schemas() -> dict[str, dict]:
     """JSON schemas of the request bodies, for the OpenAPI document's components."""
     out: dict[str, dict] = {}
-    for name, adapter in (("UpsertRequest", UPSERT_BODY), ("SearchRequest", SEARCH_BODY)):
+    for name, adapter in (("UpsertRequest", UPSERT_BODY), ("SearchRequest", SEARCH_BODY),
+                          ("CollectionRequest", COLLECTION_BODY), ("ScrollRequest", SCROLL_BODY),
+                          ("DeleteRequest", DELETE_BODY)):
         schema = adapter.json_schema(ref_template="#/components/schemas/{model}")
         out.update(schema.pop("$defs", {}))
         out[name] = schema

@@ -24,10 +24,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, IndexConfig, describe
 from gmmlsh.index.index import DEFAULT_CACHE_DIR
+from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
 
 MiB = 1024 * 1024
 #: Search parameters an operator may fix for every query (see SearchParams).
-SEARCH_FIELDS = ("candidates", "probes", "shortlist", "rank_bits")
+SEARCH_FIELDS = ("candidates", "probes", "shortlist", "rank_bits", "rare")
 
 
 def _creation_settings() -> type[BaseSettings]:
@@ -54,6 +55,11 @@ class Settings(_creation_settings()):
     index: str = Field("./gmmlsh-index", description="LMDB directory (when no redis_url)")
     redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
     prefix: str = Field("gmmlsh", description="key prefix naming the index inside Redis")
+    open_collections: int = Field(32, ge=1, description="named collections a worker keeps open (the one open "
+                                  "longest is closed beyond it; each LMDB one maps 1 TiB of address space)")
+    collection: str = Field(DEFAULT_COLLECTION, pattern=NAME_RE.pattern,
+                            description="the collection the routes without /collections/{name} use "
+                            f"({DEFAULT_COLLECTION!r}: the index itself)")
 
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
                                   f"(default {DEFAULT_CACHE_DIR})")
@@ -63,6 +69,8 @@ class Settings(_creation_settings()):
     probes: int | None = Field(None, ge=0, description="inverted lists scanned per query (0: all)")
     shortlist: int | None = Field(None, ge=1, description="rows ranked on every sample per query")
     rank_bits: int | None = Field(None, ge=1, le=16, description="bits per code in that ranking")
+    rare: float | None = Field(None, ge=0, le=1, description="postings search on sparse rows: share of the rows a "
+                               "coordinate read is held by at most (0: the sketch search)")
 
     # --- request limits -----------------------------------------------------------
     max_body_bytes: int = Field(64 * MiB, ge=1024, description="larger bodies get 413")

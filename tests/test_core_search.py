@@ -20,6 +20,23 @@ def _codes(rng, n, k, bits):
     return rng.integers(0, 1 << bits, size=(n, k)).astype(np.uint16)
 
 
+@pytest.mark.parametrize("bits", [1, 2, 3, 8, 9, 16])
+@pytest.mark.parametrize("k", [1, 63, 64, 200, 512])
+def test_bit_planes_hold_bit_p_of_every_code(k, bits):
+    """Plane p, word w, bit j is bit p of code 64·w + j, zero past k: for codes of up to 8 bits
+    (gathered 8 at a time) as for wider ones (bit by bit), one row as many."""
+    rng = np.random.default_rng(17 * k + bits)
+    C = _codes(rng, 9, k, bits)
+    words = plane_words(k)
+    padded = np.zeros((9, words * 64), dtype=np.uint64)
+    padded[:, :k] = C
+    j = np.arange(64, dtype=np.uint64)
+    want = np.stack([(((padded[:, w * 64:(w + 1) * 64] >> np.uint64(p)) & np.uint64(1)) << j).sum(axis=1)
+                     for p in range(bits) for w in range(words)], axis=1).astype(np.uint64)
+    np.testing.assert_array_equal(bit_planes(C, bits), want)
+    np.testing.assert_array_equal(bit_planes(C[0], bits), want[0])
+
+
 @pytest.mark.parametrize(("k", "bits"), [(512, 8), (200, 4), (64, 1), (300, 16)])
 def test_plane_agreement_counts_equal_low_bits(k, bits):
     rng = np.random.default_rng(k + bits)

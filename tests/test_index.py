@@ -368,6 +368,35 @@ def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp
         assert ix.query(Q[0], k=3, candidates=50).mode == "lsh"
 
 
+def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, fmnist):
+    """A tuning trial searches a view without the stored vectors (it counts which rows were
+    scored, not their scores): for lists and tail, retired rows and every kind of setting it
+    finds the rows the search finds, and its recall is the recall of the search's answers."""
+    from gmmlsh.index import tuner
+    from gmmlsh.index.config import SearchParams
+    from gmmlsh.index.search import run_exact, run_lsh
+
+    X, _, _, _ = fmnist
+    with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 4000), X[:4000])
+        ix.maintain()
+        ix.delete(_ids(0, 4000)[::5])
+        ix.upsert(_ids(4000, 4600), X[4000:4600])  # an unlisted tail
+        view = ix.view()
+        qs, _ = tuner._sample(view, ix.config, 40, 1, None)
+        truth = tuner._truth(view, qs)
+        tenth = [np.sort(run_exact(view, q)[1])[-10] for q in qs]
+        for probes, shortlist, bits, cands in [(2, 100, 2, 10), (4, 500, 4, 50), (8, 1000, 8, 200), (0, 250, 2, 75)]:
+            params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=bits, candidates=cands)
+            found = run_lsh(view, qs, params, ix.config)
+            for (rows, _, _), (trial_rows, _, _) in zip(found, run_lsh(truth.view, qs, params, ix.config), strict=True):
+                np.testing.assert_array_equal(trial_rows, rows)
+            per_query = np.array([(np.sort(sims)[::-1][:10] >= t).sum() / 10
+                                  for (_, sims, _), t in zip(found, tenth, strict=True)])
+            bound = per_query.mean() - tuner.CONFIDENCE_Z * per_query.std(ddof=1) / np.sqrt(len(qs))
+            assert tuner._recall(view, qs, truth, params, ix.config) == pytest.approx(bound, abs=1e-12)
+
+
 def test_lists_are_rebuilt_as_the_index_grows_and_drop_retired_rows(tmp_path, fmnist):
     X, _, Q, _ = fmnist
     with Index.open(tmp_path / "g", IndexConfig(dim=784, samples=128), maintain=False) as ix:

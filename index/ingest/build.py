@@ -1,12 +1,13 @@
 """The streaming batch build: chunks from a :class:`~gmmlsh.index.ingest.readers.Reader` into an index.
 
-Memory is bounded by the chunk size, in a three-stage pipeline: a reader
-thread parses the next chunks (at most ``prefetch`` wait), a hashing thread
-checks and hashes the chunk after the one being written (``Index.prepare``, on
-all cores), and the calling thread writes one chunk at a time
-(``Index.write``, one transaction). Writes stay in input order, so the last
-occurrence of an id wins as in one big upsert. At the end the index builds its
-search lists and tunes its search (``Index.maintain``).
+Memory is bounded by the chunk size, in a pipeline: a reader thread parses the
+next chunks (at most ``prefetch`` wait), hashing workers check and hash the chunks
+after the one being written (``Index.prepare``; one chunk per core, each on its
+core), the calling thread writes one chunk at a time (``Index.write``, one
+transaction), and a follower thread copies what was written into the search
+mirror. Writes stay in input order, so the last occurrence of an id wins as in one
+big upsert. At the end the index builds its search lists and tunes its search
+(``Index.maintain``).
 
 Interrupting is safe, and running the same build again finishes the job:
 
@@ -25,23 +26,31 @@ Interrupting is safe, and running the same build again finishes the job:
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import re
 import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
-from gmmlsh.core.validate import VectorError
+from gmmlsh.core.validate import VectorError, first_bad_row
 from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
 from gmmlsh.index.records import as_stored, decode_rows
 from gmmlsh.index.store.base import RecordBatch
+
+_logger = logging.getLogger(__name__)
+
+#: Most chunks hashed at once (each is held in memory, with its records, until it is written).
+MAX_HASHERS = 8
 
 
 @dataclass
@@ -134,6 +143,8 @@ def invalid_rows(X) -> list[tuple[int, str]]:
         for r in np.flatnonzero(live == 0).tolist():
             bad.setdefault(r, "all-zero vector (no nonzero feature): GMM is undefined for it")
     else:
+        if X.dtype in (np.float32, np.float64) and first_bad_row(np.ascontiguousarray(X))[1] == 0:
+            return []  # the common case, in one compiled pass
         finite = np.isfinite(X).all(axis=1)
         for r in np.flatnonzero(~finite).tolist():
             bad[r] = "values must be finite (found NaN or infinity)"
@@ -170,7 +181,7 @@ class _Staged:
 
 def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
     """Check a chunk's rows and hash them (``Index.prepare``): all the CPU work before the
-    store write. Runs on the hashing thread for the chunk after the one being written."""
+    store write. Runs on a hashing worker for the chunks after the one being written."""
     ids, X, meta = chunk.ids, chunk.X, chunk.metadata
     bad = invalid_rows(X)
     if bad:
@@ -319,7 +330,60 @@ def _prefetched(chunks: Iterator[Chunk], depth: int, stop: threading.Event) -> I
         t.join(timeout=5)
 
 
+# --- the search mirror ----------------------------------------------------------------
+
+
+class _MirrorFollower:
+    """Brings the index's search mirror up to the chunks written so far, in a background thread.
+
+    The mirror copies every written record from the store (:meth:`Mirror.sync`). Done once at
+    the end, that copy is a pass over the whole index after the last chunk; done here, it
+    runs while the next chunks are read and hashed, and the end has only the last chunk left.
+    Each sync takes all the chunks written since the previous one. A failure only stops the
+    following: the sync at the end (``Index.maintain``) does the rest and reports it.
+    """
+
+    def __init__(self, index):
+        self._mirror, self._store = index.mirror, index.store
+        self._written = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._follow, name="gmmlsh-mirror", daemon=True)
+        self._thread.start()
+
+    def written(self) -> None:
+        """A chunk was written: catch up."""
+        self._written.set()
+
+    def close(self) -> None:
+        self._done = True
+        self._written.set()
+        self._thread.join()
+
+    def _follow(self) -> None:
+        while True:
+            self._written.wait()
+            self._written.clear()
+            if self._done:
+                return
+            try:
+                self._mirror.sync(self._store)
+            except Exception:  # noqa: BLE001 - the final sync does the rest and reports it
+                _logger.debug("the search mirror stopped following the build", exc_info=True)
+                return
+
+
 # --- the build ----------------------------------------------------------------------
+
+
+def _hashing_workers() -> tuple[int, int]:
+    """(workers, numba threads each): a chunk per core, each hashed on one core. Whole chunks
+    side by side keep every core busy through all of a chunk's work (checks, encoding, its
+    hashing), where one chunk's hashing spread over the cores (a parallel region) waits for
+    its slowest thread, and any thread the writer, the reader or the mirror's follower
+    preempts is the slowest."""
+    cores = numba.get_num_threads()
+    workers = max(1, min(cores, MAX_HASHERS))
+    return workers, 1 if workers > 1 else cores
 
 
 def _progress_bar(reader: Reader, progress: bool | None, log):
@@ -360,28 +424,37 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     stop = threading.Event()
     bar = _progress_bar(reader, progress, log)
     shown_invalid = 0
-    hasher = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-hash")
+    workers, threads = _hashing_workers()
+    hasher = ThreadPoolExecutor(workers, thread_name_prefix="gmmlsh-hash", initializer=numba.set_num_threads,
+                                initargs=(threads,))
+    follower = _MirrorFollower(index)
     chunks = _prefetched(reader.chunks(), prefetch, stop)
     try:
         with _StopRequest(log) if handle_signals else contextlib.nullcontext() as req:
-            ahead: Future | None = None  # _stage of this chunk, run while the previous one was written
-            chunk = next(chunks, None)
-            while chunk is not None:
+            ahead: deque[tuple[Chunk, Future]] = deque()  # the next chunks, hashing in input order
+            while True:
+                chunk, hashing = ahead.popleft() if ahead else (next(chunks, None), None)
+                if chunk is None:
+                    break
                 n = len(chunk)
                 summary.rows += n
-                following = None
                 if resume and chunk_done(index, chunk):  # after the previous chunk is written
-                    summary.skipped += n
-                    ahead = None  # its hashed-ahead batch, if any, is dropped
+                    summary.skipped += n  # (its hashing, if begun, is dropped)
                 else:
-                    staged = ahead.result() if ahead is not None else _stage(index, chunk, on_invalid)
-                    following = next(chunks, None)  # hashed while this one is written
-                    ahead = hasher.submit(_stage, index, following, on_invalid) if following is not None else None
+                    if hashing is None:  # the first chunk, or the first after skipped ones
+                        hashing = hasher.submit(_stage, index, chunk, on_invalid)
+                    while len(ahead) < workers:  # the next chunks hash while this one is written
+                        following = next(chunks, None)
+                        if following is None:
+                            break
+                        ahead.append((following, hasher.submit(_stage, index, following, on_invalid)))
+                    staged = hashing.result()
                     for i, problem in staged.bad[: max(0, 5 - shown_invalid)]:
                         bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
                         shown_invalid += 1
                     summary.invalid += len(staged.bad)
                     summary.vectors += index.write(staged.batch)
+                    follower.written()
                 bar.update(n)
                 if reader.rows is None and chunk.end_byte > 0:
                     bar.total = max(summary.rows, int(summary.rows * reader.size_bytes / chunk.end_byte))
@@ -390,12 +463,13 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                 if req is not None and req.requested:
                     summary.interrupted = True
                     break
-                chunk = following if following is not None else next(chunks, None)
+        follower.close()
         if not summary.interrupted:
             bar.set_postfix_str("building search lists and tuning the search", refresh=True)
             summary.upkeep = index.maintain()
     finally:
         stop.set()
+        follower.close()
         hasher.shutdown(wait=True, cancel_futures=True)
         chunks.close()
         bar.close()

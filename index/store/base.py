@@ -117,8 +117,10 @@ class Store(Protocol):
         transaction; Redis makes each record visible atomically.
         """
 
-    def delete(self, ids: Sequence[str]) -> int:
-        """Retire these external ids; returns how many existed (each counted once)."""
+    def delete(self, ids: Sequence[str], expect: np.ndarray | None = None) -> int:
+        """Retire these external ids; returns how many existed (each counted once). With ``expect``
+        (an iid per id), an id is retired only if it still has that iid (a vector replaced since
+        it was read stays), in the same atomic step."""
 
     # --- reads -----------------------------------------------------------------------
     def lookup(self, ids: Sequence[str]) -> np.ndarray:

@@ -254,12 +254,15 @@ class LmdbStore:
             retired += 1
         return retired
 
-    def delete(self, ids: Sequence[str]) -> int:
-        keys = [e.encode("utf-8") for e in dict.fromkeys(ids)]
+    def delete(self, ids: Sequence[str], expect: np.ndarray | None = None) -> int:
+        want = dict(zip(ids, _be_keys(expect) if expect is not None else [None] * len(ids), strict=True))
+        keys = [e.encode("utf-8") for e in want]
         if not keys:
             return 0
         with self._txn(write=True) as txn:
             found = txn.cursor(db=self._db["ext2iid"]).getmulti(keys)
+            if expect is not None:
+                found = [(k, raw) for k, raw in found if want[k.decode("utf-8")] == raw]
             if not found:
                 return 0
             next_iid, live, retired = self._state(txn)

@@ -74,10 +74,12 @@ from gmmlsh.index.store.base import (
     Token,
 )
 
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _FAMILY = {"name": "n", "vector": "v", "sketch": "k", "nrff": "f", "meta": "m"}
 _CHUNK_BIG, _CHUNK_SMALL = 1024, 128
 _SMALL = {"n", "m"}
+#: Fields every stored record has (NRFF features and metadata may be absent).
+_ALWAYS = ("name", "vector", "sketch")
 #: Records per shard per script call: bounds how long one call blocks Redis.
 _CALL_RECORDS = 2048
 #: Replies that mean "not now" (the service answers 503).
@@ -138,7 +140,7 @@ class RedisStore:
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"url: expected redis://, rediss:// or unix://, got {mask_url(url)!r}")
         if not _PREFIX_RE.match(prefix):
-            raise ValueError(f"prefix: must be 1-64 of [A-Za-z0-9_.-], got {prefix!r}")
+            raise ValueError(f"prefix: must be 1-128 of [A-Za-z0-9_.-], got {prefix!r}")
         if not 1 <= shards <= 1024:
             raise ValueError(f"shards: must be between 1 and 1024, got {shards}")
         client_kwargs.pop("decode_responses", None)
@@ -340,15 +342,16 @@ class RedisStore:
         self._pipeline(commands)
 
     @_guarded
-    def delete(self, ids: Sequence[str]) -> int:
-        names = list(dict.fromkeys(ids))
-        if not names:
+    def delete(self, ids: Sequence[str], expect: np.ndarray | None = None) -> int:
+        pairs = dict(zip(ids, expect.tolist() if expect is not None else [None] * len(ids), strict=True))
+        if not pairs:
             return 0
         S = self.shards
-        by_shard: dict[int, list[str]] = defaultdict(list)
-        for name in names:
-            by_shard[self._shard_of(name, S)].append(name)
-        commands = [self._evalsha("delete", self._shard_keys(s), [S, s, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s),
+        by_shard: dict[int, list] = defaultdict(list)
+        for name, iid in pairs.items():
+            by_shard[self._shard_of(name, S)] += [name] if expect is None else [name, iid]
+        flag = "0" if expect is None else "1"
+        commands = [self._evalsha("delete", self._shard_keys(s), [S, s, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
                                                                    *members])
                     for s, members in by_shard.items()]
         return int(sum(self._pipeline(commands)))
@@ -388,6 +391,13 @@ class RedisStore:
         for k, reply in zip(keys, replies, strict=True):
             for (_, p, field), v in zip(groups[k], reply, strict=True):
                 out[field][p] = v
+        # A pipeline is not a snapshot: a record retired between two of its hashes' reads shows
+        # some fields only. A live record always has these: missing one, it is gone, wholly.
+        whole = [f for f in fields if f in _ALWAYS]
+        for p in range(len(a)):
+            if any(out[f][p] is None for f in whole):
+                for f in fields:
+                    out[f][p] = None
         return out
 
     @_guarded
@@ -466,6 +476,31 @@ class RedisStore:
         return sum(int(v) for v in values if v is not None)
 
     # --- housekeeping --------------------------------------------------------------------
+    @_guarded
+    def guarded(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(client)`` with Redis failures raised as the store's exceptions (for the collection
+        registry, which keeps its few keys beside the index's)."""
+        return fn(self._r())
+
+    @_guarded
+    def drop(self) -> None:
+        """Delete every key of this index, its configuration last (a kill midway leaves a store
+        that still has its configuration; dropping again finishes). The keys are known from the
+        shards' sequences: no SCAN, and each command names one key (a Cluster takes it)."""
+        S = self.shards
+        seqs = self._pipeline([("GET", self._tag(s) + "seq") for s in range(S)])
+        cmds = []
+        for s, seq in enumerate(seqs):
+            n = int(seq or 0)
+            keys = self._shard_keys(s)
+            for fam in _FAMILY.values():
+                c = _CHUNK_SMALL if fam in _SMALL else _CHUNK_BIG
+                keys += [f"{self._tag(s)}{fam}:{i}" for i in range(n // c + 2)]
+            cmds += [("UNLINK", k) for k in keys]
+        for lo in range(0, len(cmds), 4096):
+            self._pipeline(cmds[lo:lo + 4096])
+        self._r().unlink(self._config_key)
+
     @_guarded
     def ping(self) -> None:
         self._r().ping()

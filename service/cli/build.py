@@ -12,6 +12,7 @@ from gmmlsh.service.cli.common import (
     Formatter,
     UsageError,
     add_store,
+    collections_of,
     describe_location,
     describe_search,
     location,
@@ -74,6 +75,8 @@ def add(sub) -> None:
         help="svmlight: feature indices start at 0 (default: at 1, as LIBSVM writes them; auto: scan)")
     opt(g, "--npz-key", metavar="KEY", help="npz: array to read (default: the first)")
     opt(g, "--npz-label-key", metavar="KEY", help="npz: array of per-row labels kept as metadata")
+    opt(g, "--indexed-field", dest="indexed_fields", action="append", metavar="FIELD", env=False,
+        help="a new --collection: a metadata field to keep indexed for filters (repeat for more)")
     g = p.add_argument_group("index parameters (new index only)")
     types = get_type_hints(IndexConfig)
     for name in CREATION_FIELDS:
@@ -133,7 +136,12 @@ def run(args) -> int:
             config = IndexConfig(dim=reader.dim, **given)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        index = Index.open(loc, config, create=True, maintain=False, **open_options(args))
+        if args.collection != "default":
+            with collections_of(args) as cols:
+                cols.create(args.collection, config, args.indexed_fields or [])
+            index = open_index(args, maintain=False)
+        else:
+            index = Index.open(loc, config, create=True, maintain=False, **open_options(args))
     if not kernels_cached():
         print("compiling kernels (first run only: numba keeps them for the next runs) ...", file=log, flush=True)
     with index:

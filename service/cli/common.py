@@ -75,6 +75,8 @@ def add_store(p: argparse.ArgumentParser) -> None:
     g.add_argument("--redis", dest="redis_url", metavar="URL",
                    help=f"Redis URL, e.g. redis://localhost:6379/0 (env {ENV}REDIS_URL)")
     opt(g, "--prefix", metavar="NAME", default="gmmlsh", help="name of the index inside Redis (default gmmlsh)")
+    opt(g, "--collection", metavar="NAME", default="default", help="a named collection kept beside the index "
+        "(default: the index itself)")
     from gmmlsh.index.index import DEFAULT_CACHE_DIR
 
     opt(g, "--cache-dir", metavar="DIR", help="where a Redis index's search mirror lives on this machine "
@@ -118,6 +120,9 @@ def open_index(args, *, must_exist: bool = True, **kw):
     from gmmlsh.index.index import Index
 
     kind, loc, prefix = location(args)
+    name = getattr(args, "collection", "default") or "default"
+    if name != "default":
+        return _open_collection(args, name, must_exist, **kw)
     try:
         return Index.open(loc, None, create=False, **open_options(args), **kw)
     except FileNotFoundError:
@@ -127,10 +132,39 @@ def open_index(args, *, must_exist: bool = True, **kw):
                          "'gmmlsh build INPUT --index DIR' (or --redis URL)") from None
 
 
+def collections_of(args):
+    """The :class:`~gmmlsh.index.collections.Collections` kept beside the index the arguments name."""
+    from gmmlsh.index.collections import Collections
+
+    _, loc, _ = location(args)
+    return Collections(loc, **open_options(args))
+
+
+def _open_collection(args, name: str, must_exist: bool, **kw):
+    from gmmlsh.index.collections import UnknownCollection, check_name
+
+    try:
+        check_name(name, "--collection")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with collections_of(args) as cols:
+        try:
+            return cols.open(name, **kw)
+        except UnknownCollection:
+            if not must_exist:
+                return None
+            kind, loc, prefix = location(args)
+            raise UsageError(f"no collection {name!r} at {describe_location(kind, loc, prefix)}; create one with "
+                             f"'gmmlsh build INPUT --collection {name}' (or POST /collections)") from None
+
+
 def describe_search(search: dict) -> str:
     """One line on the search an index uses (``Index.stats()["search"]``) and where it comes from."""
     if search["exact"]:
-        how = "exact (cheaper than any sketch search at the target recall)"
+        how = "exact (cheaper than any sketch or postings search at the target recall)"
+    elif search.get("rare"):
+        how = (f"postings: coordinates held by at most {search['rare']:.2%} of the rows and the commonest, "
+               f"rerank {search['candidates']}")
     else:
         how = (f"probe {search['probes'] or 'all'} lists, shortlist {search['shortlist']}, "
                f"rank on {search['rank_bits']} bits, rerank {search['candidates']}")

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 
 from gmmlsh.service.cli.build import zero_based
-from gmmlsh.service.cli.common import EXIT_OK, Formatter, add_store, nonneg_int, open_index, opt, positive_int
+from gmmlsh.service.cli.common import (
+    EXIT_OK,
+    Formatter,
+    UsageError,
+    add_store,
+    nonneg_int,
+    open_index,
+    opt,
+    positive_int,
+)
 
 HELP = """\
 Find the nearest neighbours of a stored vector (--id) or of a vector read from a
@@ -40,12 +49,15 @@ def add(sub) -> None:
                    help="svmlight --vector-file: indices start at 0")
     g = p.add_argument_group("search")
     opt(g, "-k", "--k", dest="k", type=positive_int, default="10", help="neighbours to return (default 10)")
-    opt(g, "--mode", choices=MODES, default="lsh", help="lsh (default), exact (brute force) or nrff")
+    opt(g, "--mode", choices=MODES, default="lsh",
+        help="lsh (default: the tuned search), exact (brute force), nrff, or postings")
     opt(g, "--min-similarity", dest="query_min_similarity", metavar="S", type=float, default="0.0",
         help="drop neighbours below this similarity")
     opt(g, "--candidates", metavar="N", type=positive_int, help="rerank budget (default: the index's tuning)")
     opt(g, "--probes", metavar="N", type=nonneg_int, help="inverted lists scanned (default: the index's tuning; "
         "0: all)")
+    g.add_argument("--filter", metavar="JSON", help="only neighbours whose metadata pass this filter, e.g. "
+                   "'{\"must\": [{\"key\": \"label\", \"match\": {\"value\": 3}}]}'")
     g.add_argument("--json", action="store_true", help="print JSON (as the REST API answers)")
     p.set_defaults(func=run)
 
@@ -68,10 +80,19 @@ def _query_vector(args, dim: int):
     return row if hasattr(row, "tocsr") else row[0]
 
 
+def _filter(text: str | None):
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--filter: not valid JSON: {exc}") from None
+
+
 def run(args) -> int:
     with open_index(args) as index:
         kw = {"k": args.k, "mode": args.mode, "min_similarity": args.query_min_similarity,
-              "candidates": args.candidates, "probes": args.probes}
+              "candidates": args.candidates, "probes": args.probes, "filter": _filter(args.filter)}
         res = index.query(id=args.id, **kw) if args.id is not None else \
             index.query(_query_vector(args, index.config.dim), **kw)
     out = {"mode": res.mode, "k": res.k, "candidates": res.candidates,

@@ -51,7 +51,7 @@ def run(args) -> int:
     if args.cache_dir:
         where["cache_dir"] = args.cache_dir
     try:
-        settings = Settings(prefix=prefix, **where)
+        settings = Settings(prefix=prefix, collection=args.collection, **where)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"]))

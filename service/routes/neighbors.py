@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
@@ -14,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from gmmlsh.core.validate import NonFiniteError, VectorError, ZeroVectorError
+from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.search import QueryResult
 from gmmlsh.index.store.base import MAX_ID_BYTES
@@ -62,9 +64,11 @@ async def neighbors(
     min_similarity: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
     candidates: Annotated[int | None, Query(ge=1, description="rerank budget (lsh)")] = None,
     probes: Annotated[int | None, Query(ge=0, description="inverted lists scanned (lsh; 0: all)")] = None,
+    filter: Annotated[str | None, Query(description="a metadata filter as JSON (see POST /neighbors/search)")]
+    = None,
 ) -> Response:
     params = QueryParams.model_construct(k=k, mode=mode, min_similarity=min_similarity, candidates=candidates,
-                                         probes=probes)
+                                         probes=probes, filter=_json_param(filter, "filter"))
     out, r = await run_in_threadpool(neighbors_get, index, settings, params, id, vector)
     metrics.candidates.labels(r.mode).observe(r.candidates)
     return ORJSONResponse(out)
@@ -98,10 +102,11 @@ class Knobs:
     min_similarity: float
     candidates: int | None
     probes: int | None
+    filter: Filter | None = None
 
     def kwargs(self) -> dict:
         return {"k": self.k, "mode": self.mode, "min_similarity": self.min_similarity,
-                "candidates": self.candidates, "probes": self.probes}
+                "candidates": self.candidates, "probes": self.probes, "filter": self.filter}
 
 
 def resolve_knobs(settings: Settings, q: QueryParams, base: QueryParams | None = None, prefix: str = "") -> Knobs:
@@ -116,8 +121,10 @@ def resolve_knobs(settings: Settings, q: QueryParams, base: QueryParams | None =
     if k > settings.max_k:
         raise ApiError(422, f"k={k} is over the limit of {settings.max_k} (max_k)", field=prefix + "k")
     ms = pick("min_similarity")
+    spec = pick("filter")
+    where = prefix + "filter" if q.filter is not None or base is None else "filter"
     return Knobs(int(k), pick("mode") or "lsh", float(ms) if ms is not None else 0.0, pick("candidates"),
-                 pick("probes"))
+                 pick("probes"), compile_filter(spec, where) if spec is not None else None)
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,16 @@ def result_dict(r: QueryResult) -> dict:
     return {"mode": r.mode, "k": r.k, "candidates": int(r.candidates),
             "neighbors": [{"id": n.id, "similarity": float(n.similarity), "metadata": n.metadata}
                           for n in r.neighbors]}
+
+
+def _json_param(text: str | None, field: str) -> Any:
+    """A JSON query parameter, parsed (422 naming it if it is not JSON)."""
+    if text is None:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(422, f"not valid JSON: {exc}", field=field) from None
 
 
 def _dense_param(text: str) -> np.ndarray:

@@ -46,16 +46,18 @@ async def health(index: IndexDep, settings: SettingsDep) -> Response:
 @router.get("/stats", response_model=StatsResponse, summary="Index size, parameters, search and store facts",
             responses=responses(401, 500, 503))
 async def stats(index: IndexDep, settings: SettingsDep) -> Response:
-    def collect() -> dict:
-        # pid: which worker process answered (each keeps its own connection and counters).
-        out = {"backend": settings.backend, "pid": os.getpid(), **_index_stats(index)}
-        out["store"] = {k: v for k, v in out["store"].items() if k != "path"}  # no server paths in answers
-        out["mirror"] = {k: v for k, v in out["mirror"].items() if k != "path"}
-        out["service"] = {"max_k": settings.max_k, "default_k": settings.default_k, "max_batch": settings.max_batch,
-                          "max_body_bytes": settings.max_body_bytes, "auth": settings.api_key is not None}
-        return out
+    return ORJSONResponse(await run_in_threadpool(stats_body, index, settings))
 
-    return ORJSONResponse(await run_in_threadpool(collect))
+
+def stats_body(index: Index, settings: Settings) -> dict:
+    """What ``/stats`` (and ``GET /collections/{name}``) answer about an index."""
+    # pid: which worker process answered (each keeps its own connection and counters).
+    out = {"backend": settings.backend, "pid": os.getpid(), **_index_stats(index)}
+    out["store"] = {k: v for k, v in out["store"].items() if k != "path"}  # no server paths in answers
+    out["mirror"] = {k: v for k, v in out["mirror"].items() if k != "path"}
+    out["service"] = {"max_k": settings.max_k, "default_k": settings.default_k, "max_batch": settings.max_batch,
+                      "max_body_bytes": settings.max_body_bytes, "auth": settings.api_key is not None}
+    return out
 
 
 def _index_stats(index: Index, attempts: int = 3) -> dict:

@@ -1,0 +1,40 @@
+"""``gmmlsh collections``: list or delete the named collections kept beside an index."""
+
+from __future__ import annotations
+
+import json
+
+from gmmlsh.service.cli.common import EXIT_OK, Formatter, UsageError, add_store, collections_of
+
+
+def add(sub) -> None:
+    p = sub.add_parser("collections", help="list or delete named collections",
+                       description="List the named collections kept beside an index (LMDB directory or Redis "
+                       "prefix), or delete one with everything in it. Create one with 'gmmlsh build INPUT "
+                       "--collection NAME' (or POST /collections).",
+                       epilog="Examples:\n  gmmlsh collections --index ./idx\n"
+                       "  gmmlsh collections --index ./idx --delete old-images", formatter_class=Formatter)
+    add_store(p)
+    p.add_argument("--delete", metavar="NAME", help="delete this collection")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from gmmlsh.index.collections import UnknownCollection
+
+    with collections_of(args) as cols:
+        if args.delete:
+            try:
+                cols.delete(args.delete)
+            except (UnknownCollection, ValueError) as exc:
+                raise UsageError(str(exc)) from None
+            print(json.dumps({"deleted": args.delete}) if args.json else f"deleted collection {args.delete!r}")
+            return EXIT_OK
+        entries = cols.list()
+    if args.json:
+        print(json.dumps({"collections": entries}))
+    else:
+        for e in entries:
+            print(f"{e['name']:<24} dim {e.get('dim')}, indexed fields: {', '.join(e.get('indexed', [])) or 'none'}")
+    return EXIT_OK

@@ -1,0 +1,128 @@
+"""The postings search (core/postings.py): head columns, its answers against exact search,
+and the tuner's choice of it on text — reported and overridable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from conftest import DATA
+
+from gmmlsh.core.postings import head_columns
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+from gmmlsh.service.cli.common import describe_search
+
+
+def _postings(X: sp.csr_matrix):
+    """Postings of a CSR matrix (coordinate → rows and values), as a generation holds them."""
+    X = X.tocsc()
+    return X.indptr.astype(np.int64), X.indices.astype(np.uint32), X.data.astype(np.float32)
+
+
+def _zipf_text(n: int, dim: int, seed: int, signed: bool = False) -> sp.csr_matrix:
+    """Rows of ~40 word counts drawn from a Zipf-like vocabulary (a few words in most rows)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, dim + 1)
+    p /= p.sum()
+    rows = []
+    for _ in range(n):
+        words, counts = np.unique(rng.choice(dim, 60, p=p), return_counts=True)
+        vals = counts.astype(np.float32)
+        if signed:
+            vals *= rng.choice([-1.0, 1.0], vals.shape[0]).astype(np.float32) * rng.uniform(0.5, 2.0, vals.shape[0])
+        rows.append((words, vals))
+    indptr = np.cumsum([0] + [w.shape[0] for w, _ in rows])
+    return sp.csr_matrix((np.concatenate([v for _, v in rows]), np.concatenate([w for w, _ in rows]), indptr),
+                         shape=(n, dim))
+
+
+def test_head_columns_hold_counts_exactly_and_other_values_within_half_a_level():
+    X = _zipf_text(400, 300, seed=1)
+    slot, cols, scale = head_columns(*_postings(X), rows=400, sparse_rows=400)
+    held = np.diff(X.tocsc().indptr)
+    assert cols.shape[0] == (held >= 400 / 16).sum() > 0 and scale[0] == 1.0
+    dense = X.toarray()
+    for c in np.flatnonzero(slot >= 0):
+        np.testing.assert_array_equal(cols[slot[c]], dense[:, c])  # counts up to 127: exact
+    Y = _zipf_text(400, 300, seed=2, signed=True)
+    slot, cols, scale = head_columns(*_postings(Y), rows=400, sparse_rows=400)
+    dense = Y.toarray()
+    top = np.abs(dense[:, slot >= 0]).max()
+    assert scale[0] == pytest.approx(top / 127)
+    for c in np.flatnonzero(slot >= 0):
+        assert np.abs(cols[slot[c]] * scale[0] - dense[:, c]).max() <= scale[0] / 2 + 1e-6
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_postings_search_with_everything_read_and_reranked_is_exact(tmp_path, signed):
+    """Reading every coordinate and reranking every row, the postings search answers what
+    exact search answers (signed data included); narrower, every similarity it returns is exact."""
+    X = _zipf_text(3000, 2000, seed=4, signed=signed)
+    Q = _zipf_text(20, 2000, seed=5, signed=signed)
+    ids = [str(i) for i in range(X.shape[0])]
+    with Index.open(tmp_path / "p", IndexConfig(dim=2000), search={"rare": 1.0, "candidates": 3000},
+                    maintain=False) as ix:
+        ix.upsert(ids, X)
+        ix.maintain()
+        g = ix.view().generation
+        assert g.postings_search and g.head_cols.shape[0] > 0
+        for i in range(Q.shape[0]):
+            got = ix.query(Q[i], k=10, mode="postings")
+            want = ix.query(Q[i], k=10, mode="exact")
+            assert got.mode == "postings"
+            np.testing.assert_allclose([n.similarity for n in got.neighbors],
+                                       [n.similarity for n in want.neighbors], rtol=1e-9)
+            narrow = ix.query(Q[i], k=10, mode="postings", candidates=20)
+            assert narrow.candidates <= 20
+            q, rows = Q[i].toarray()[0], X[[int(n.id) for n in narrow.neighbors]].toarray()
+            same = np.where(np.sign(rows) == np.sign(q), np.minimum(np.abs(rows), np.abs(q)), 0).sum(axis=1)
+            want = same / (np.abs(q).sum() + np.abs(rows).sum(axis=1) - same)
+            np.testing.assert_allclose([n.similarity for n in narrow.neighbors], want, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def brown():
+    path = DATA / "brown-passages.npz"
+    if not path.exists():
+        pytest.fail(f"Brown passages not found at {path}; set GMMLSH_DATA to the folder holding them")
+    d = np.load(path)
+
+    def csr(split):
+        return sp.csr_matrix((d[f"{split}_data"], d[f"{split}_indices"], d[f"{split}_indptr"]),
+                             shape=tuple(d[f"{split}_shape"]))
+    return csr("train"), csr("test")
+
+
+def _recall(ix: Index, Q: sp.csr_matrix, **kw) -> float:
+    hits = []
+    for i in range(Q.shape[0]):
+        truth = [n.similarity for n in ix.query(Q[i], k=10, mode="exact").neighbors]
+        got = [n.similarity for n in ix.query(Q[i], k=10, **kw).neighbors]
+        hits.append(sum(s >= truth[-1] - 1e-9 for s in got) / 10)
+    return float(np.mean(hits))
+
+
+def test_on_text_the_tuner_weighs_the_postings_search_reports_it_and_it_can_be_overridden(tmp_path, brown):
+    """Brown passages: the tuner chooses between sketches, postings and exact search by
+    cost at its target recall and says which; an operator's ``rare`` override switches the
+    postings search off (0) or on; a query may ask for it by mode."""
+    X, Q = brown
+    ids = [str(i) for i in range(X.shape[0])]
+    with Index.open(tmp_path / "b", IndexConfig(dim=X.shape[1]), maintain=False) as ix:
+        ix.upsert(ids, X)
+        tuned = ix.maintain()["tuned"]
+        search = ix.stats()["search"]
+        assert ix.view().generation.postings_search
+        assert tuned["chosen"] in ("lsh", "postings", "exact")
+        assert (search["rare"] > 0) == (tuned["chosen"] == "postings")
+        assert search["exact"] == (tuned["chosen"] == "exact")
+        assert ix.query(Q[0], k=5).mode == {"lsh": "lsh", "postings": "postings", "exact": "exact"}[tuned["chosen"]]
+        if tuned["chosen"] == "postings":
+            assert describe_search(search).startswith("postings")
+        # asked for by mode, at the default share of rare coordinates and a rerank of 400
+        assert _recall(ix, Q[:40], mode="postings", candidates=400) >= 0.95
+    with Index.open(tmp_path / "b", search={"rare": 0.0}, maintain=False) as ix:
+        assert ix.query(Q[0], k=5).mode in ("lsh", "exact")
+    with Index.open(tmp_path / "b", search={"rare": 1 / 64}, maintain=False) as ix:
+        assert ix.query(Q[0], k=5).mode in ("postings", "exact")
