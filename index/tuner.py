@@ -69,6 +69,8 @@ _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
 _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
 _WIDE = (3000, 400)
+#: Sample queries searched exactly at a time for their truth (dense rows are read once per batch).
+_TRUTH_BATCH = 16
 
 
 def recall(found: np.ndarray, true_rows: np.ndarray | None) -> float:
@@ -120,11 +122,13 @@ class _Truth:
 
 
 def _truth(view: View, qs: list[Prepared]) -> _Truth:
-    """The sample's truth, by exact search as one batch."""
+    """The sample's truth, by exact search in batches of :data:`_TRUTH_BATCH` queries: an answer
+    may hold buffers the size of the index until it is cut to its true rows."""
     rows = []
-    for found, sims, _ in run_exact_many(view, qs, NEIGHBORS):
-        tenth = np.sort(sims)[::-1][min(NEIGHBORS, sims.shape[0]) - 1] if sims.shape[0] else 0.0
-        rows.append(found[sims >= tenth - 1e-9] if tenth > 1e-9 else None)
+    for lo in range(0, len(qs), _TRUTH_BATCH):
+        for found, sims, _ in run_exact_many(view, qs[lo:lo + _TRUTH_BATCH], NEIGHBORS):
+            tenth = np.sort(sims)[::-1][min(NEIGHBORS, sims.shape[0]) - 1] if sims.shape[0] else 0.0
+            rows.append(found[sims >= tenth - 1e-9] if tenth > 1e-9 else None)
     return _Truth(rows, _unscored(view))
 
 

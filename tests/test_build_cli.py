@@ -264,7 +264,7 @@ def test_ids_file_inline_vector_info_and_tuned_search(tmp_path, fm, capsys):
         tuned = ix.stats()["search"]
     code, out, _ = cli(capsys, "info", "--index", idx)
     # at 1,000 vectors brute force is cheaper than sketching a query: info says which was chosen
-    chosen = "exact (cheaper than any sketch search" if tuned["exact"] else f"rerank {tuned['candidates']}"
+    chosen = "exact (cheaper than any sketch or postings search" if tuned["exact"] else f"rerank {tuned['candidates']}"
     assert code == 0 and "vectors    1,000" in out and "512 samples" in out and chosen in out, out
     assert f"tuned at 1,000 vectors on {tuned['tuned_on']}" in out and "rows not listed yet" in out
     code, out, _ = cli(capsys, "info", "--index", idx, "--json")
