@@ -7,7 +7,7 @@ import hmac
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Path, Request, Security
+from fastapi import Depends, Path, Request, Security
 from fastapi.security import APIKeyHeader
 from starlette.concurrency import run_in_threadpool
 
@@ -59,6 +59,12 @@ async def collection_path(collection: Annotated[str, Path(
 
 async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
+
+
+#: The dependencies a route takes, as annotations (``index: IndexDep``).
+IndexDep = Annotated[Index, Depends(get_index)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 async def require_api_key(request: Request, key: str | None = Security(_api_key_scheme)) -> None:

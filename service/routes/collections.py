@@ -17,9 +17,8 @@ from starlette.responses import Response
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.collections import DEFAULT_COLLECTION
 from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index
 from gmmlsh.index.records import as_stored
-from gmmlsh.service.deps import collection_path, get_index, get_settings
+from gmmlsh.service.deps import IndexDep, SettingsDep, collection_path
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
 from gmmlsh.service.parsing import parse_body
 from gmmlsh.service.routes.ops import stats_body
@@ -31,10 +30,8 @@ from gmmlsh.service.schemas import (
     StatsResponse,
     body_schema,
 )
-from gmmlsh.service.settings import Settings
 
 router = APIRouter(tags=["collections"])
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
 @router.post("/collections", status_code=201, response_model=CollectionOut, summary="Create a collection",
@@ -99,7 +96,7 @@ async def list_collections(request: Request) -> Response:
             description="As `/stats`, for this collection (with `filters.indexed_fields`).",
             responses=responses(401, 404, 422, 500, 503))
 async def get_collection(collection: Annotated[str, Depends(collection_path)],
-                         index: Annotated[Index, Depends(get_index)], settings: SettingsDep) -> Response:
+                         index: IndexDep, settings: SettingsDep) -> Response:
     return ORJSONResponse(await run_in_threadpool(stats_body, index, settings))
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import orjson
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -19,9 +19,8 @@ from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.search import QueryResult
 from gmmlsh.index.store.base import MAX_ID_BYTES
-from gmmlsh.service.deps import get_index, get_metrics, get_settings
+from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
-from gmmlsh.service.metrics import Metrics
 from gmmlsh.service.parsing import located, parse_body
 from gmmlsh.service.schemas import (
     SEARCH_BODY,
@@ -35,9 +34,6 @@ from gmmlsh.service.schemas import (
 from gmmlsh.service.settings import Settings
 
 router = APIRouter(tags=["neighbors"])
-IndexDep = Annotated[Index, Depends(get_index)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 _EXAMPLES = {
     "dense": {"value": {"values": [0.5, -1.0, 0.0, 2.0], "k": 5}},

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from gmmlsh.index.index import Index
-from gmmlsh.service.deps import get_index, get_metrics, get_settings
+from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
-from gmmlsh.service.metrics import Metrics
 from gmmlsh.service.schemas import HealthResponse, StatsResponse
 from gmmlsh.service.settings import Settings
 
@@ -22,9 +20,6 @@ HEALTH_TIMEOUT = 5.0
 
 public = APIRouter(tags=["ops"])
 router = APIRouter(tags=["ops"])
-IndexDep = Annotated[Index, Depends(get_index)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 @public.get("/health", response_model=HealthResponse, summary="Liveness and store reachability (no API key needed)",

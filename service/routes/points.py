@@ -3,17 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from gmmlsh.index.filters import compile_filter
-from gmmlsh.index.index import Index
-from gmmlsh.service.deps import get_index, get_metrics
+from gmmlsh.service.deps import IndexDep, MetricsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
-from gmmlsh.service.metrics import Metrics
 from gmmlsh.service.parsing import parse_body
 from gmmlsh.service.schemas import (
     DELETE_BODY,
@@ -26,8 +22,6 @@ from gmmlsh.service.schemas import (
 )
 
 router = APIRouter(tags=["vectors"])
-IndexDep = Annotated[Index, Depends(get_index)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 @router.post("/scroll", response_model=ScrollResponse, summary="Page through the stored ids and metadata",

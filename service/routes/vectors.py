@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 import orjson
 import scipy.sparse as sp
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.responses import Response
@@ -16,9 +16,8 @@ from starlette.responses import Response
 from gmmlsh.core.validate import DimensionError, VectorError, check_sparse
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.store.base import RecordBatch
-from gmmlsh.service.deps import get_index, get_metrics, get_settings
+from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
-from gmmlsh.service.metrics import Metrics
 from gmmlsh.service.parsing import parse_body, request_field
 from gmmlsh.service.schemas import UPSERT_BODY, DeleteResponse, UpsertResponse, VectorBatch, VectorIn, VectorOut
 from gmmlsh.service.settings import Settings
@@ -40,9 +39,6 @@ class _AnyPath(Convertor):
 register_url_convertor("anypath", _AnyPath())
 
 router = APIRouter(tags=["vectors"])
-IndexDep = Annotated[Index, Depends(get_index)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 _EXAMPLES = {
     "batch": {"value": {"vectors": [
