@@ -155,8 +155,8 @@ def _block_levels(head, rare, scale, qn, norms, out):
 
 @njit(nogil=True, cache=True)
 def _keep_best(rows, levels, m, count):
-    """Keep the ``count`` best of the first ``m`` entries (ties to the earliest), in order;
-    returns the lowest level kept."""
+    """Keep the ``count`` best of the first ``m`` entries (ties to the earliest), in order, at
+    the front; returns (the lowest level kept, how many were kept)."""
     hist = np.zeros(_LEVELS, dtype=np.int64)
     for i in range(m):
         hist[levels[i]] += 1

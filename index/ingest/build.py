@@ -88,7 +88,7 @@ class BuildSummary:
             parts.append(f"{self.invalid:,} invalid rows left out")
         size = ""
         if self.index_bytes is not None:
-            size = f", {_human_bytes(self.index_bytes)}"
+            size = f", {human_bytes(self.index_bytes)}"
             if self.index_bytes_kind != "data file":
                 size += f" ({self.index_bytes_kind})"
         parts.append(f"index now holds {self.count:,} vectors{size}")
@@ -98,7 +98,8 @@ class BuildSummary:
         return line
 
 
-def _human_bytes(n: int | None) -> str:
+def human_bytes(n: int | None) -> str:
+    """``n`` bytes for people: B, KB, MB, GB, TB (powers of 1,000), one decimal."""
     if n is None:
         return "?"
     size = float(n)

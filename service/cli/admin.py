@@ -16,7 +16,6 @@ from gmmlsh.service.cli.common import (
     add_store,
     describe_location,
     describe_search,
-    human_bytes,
     location,
     open_index,
 )
@@ -51,6 +50,8 @@ def add(sub) -> None:
 
 
 def info(args) -> int:
+    from gmmlsh.index.ingest.build import human_bytes
+
     kind, loc, prefix = location(args)
     with open_index(args, maintain=False) as index:
         stats = index.stats()
