@@ -6,6 +6,7 @@ Backend fixtures live beside the tests that need them (``redis_fixtures.py``).
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -22,3 +23,14 @@ def fmnist():
         pytest.fail(f"Fashion-MNIST not found at {FMNIST}; set GMMLSH_DATA to the folder holding it")
     d = np.load(FMNIST)
     return d["train"], d["train_labels"], d["test"], d["test_labels"]
+
+
+@pytest.fixture(params=["lmdb", "redis"])
+def location(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict]:
+    """Where a fresh index lives: an LMDB directory, or a fresh prefix on a real Redis
+    (with its search mirror under this test's temporary directory; the test module imports
+    ``redis_url`` from ``redis_fixtures``)."""
+    if request.param == "lmdb":
+        return str(tmp_path / "idx"), {}
+    return request.getfixturevalue("redis_url"), {"prefix": f"t{uuid.uuid4().hex[:12]}",
+                                                  "cache_dir": str(tmp_path / "cache")}

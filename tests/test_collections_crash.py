@@ -16,10 +16,8 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
-import pytest
 from redis_fixtures import redis_url  # noqa: F401
 
 from gmmlsh.index.collections import Collections
@@ -51,14 +49,6 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(params=["lmdb", "redis"])
-def place(request, tmp_path):
-    if request.param == "lmdb":
-        return str(tmp_path / "idx"), {}
-    return request.getfixturevalue("redis_url"), {"prefix": f"k{uuid.uuid4().hex[:10]}",
-                                                  "cache_dir": str(tmp_path / "cache")}
-
-
 def _leftovers(loc: str, opts: dict) -> list[str]:
     """What of collections not registered is still stored."""
     if not loc.startswith("redis"):
@@ -76,8 +66,8 @@ def _leftovers(loc: str, opts: dict) -> list[str]:
     return [k for k in keys if k[1:].split(":")[0].rstrip("}") not in live]
 
 
-def test_a_kill_during_create_or_delete_leaves_a_collection_whole_or_absent(place, tmp_path):
-    loc, opts = place
+def test_a_kill_during_create_or_delete_leaves_a_collection_whole_or_absent(location, tmp_path):
+    loc, opts = location
     rng = random.Random(7)
     seen_listed = set()
     mid_operation = 0  # kills that left a half-made or half-removed collection to sweep

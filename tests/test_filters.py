@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import threading
-import uuid
 
 import numpy as np
 import pytest
@@ -21,14 +20,6 @@ from gmmlsh.index.filters import FilterError, compile_filter
 from gmmlsh.index.index import Index
 
 N = 6000
-
-
-@pytest.fixture(params=["lmdb", "redis"])
-def location(request, tmp_path):
-    if request.param == "lmdb":
-        return str(tmp_path / "idx"), {}
-    return request.getfixturevalue("redis_url"), {"prefix": f"t{uuid.uuid4().hex[:12]}",
-                                                  "cache_dir": str(tmp_path / "cache")}
 
 
 def _meta(i: int, label: int) -> dict:

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import numba
 import numpy as np
@@ -27,16 +26,6 @@ from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.mirror import Mirror
 from gmmlsh.index.records import DENSE, SPARSE_GIVEN_DENSE, SPARSE_GIVEN_SPARSE, decode_vector
 from gmmlsh.index.store.base import ConfigConflict
-
-
-@pytest.fixture(params=["lmdb", "redis"])
-def location(request, tmp_path):
-    """Where a fresh index lives: an LMDB directory, or a fresh prefix on a real Redis
-    (with its search mirror under this test's temporary directory)."""
-    if request.param == "lmdb":
-        return str(tmp_path / "idx"), {}
-    return request.getfixturevalue("redis_url"), {"prefix": f"t{uuid.uuid4().hex[:12]}",
-                                                  "cache_dir": str(tmp_path / "cache")}
 
 
 def _open(location, config=None, **kw):
