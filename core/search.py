@@ -1,23 +1,33 @@
-"""The query kernels: candidates from inverted lists and the unlisted tail, two ranking
-passes over sketch agreement, exact GMM of the best few.
+"""The query kernels: candidates from inverted lists and the unlisted tail, ranked on
+sketch agreement, then on coarse GMM, exact GMM of the best few.
 
-Flat numba functions over the arrays of a search mirror (:mod:`gmmlsh.index.mirror`):
+Flat numba functions over the arrays of a search mirror (:mod:`gmmlsh.index.mirror`) and
+its generation of lists (:mod:`gmmlsh.index.generation`):
 
-* ``planes`` (rows, b·words): each row's codes as bit planes (:mod:`gmmlsh.core.codes`),
-  and ``first`` (rows, 8) its first-stage row (:mod:`gmmlsh.core.ivf`);
-* ``centroids``/``starts``/``lrows``/``lfirst``: the inverted lists of a generation
-  (:mod:`gmmlsh.core.ivf`): list ``c`` holds mirror rows ``lrows[starts[c]:starts[c+1]]``
-  and a copy of their first-stage rows, so a probed list is read contiguously;
-* rows ``[tail_lo, tail_hi)``: added since the generation was built, scanned whole;
+* ``profiles``/``starts``/``lrows``/``lfirst``/``lplanes``: the inverted lists. List ``c``
+  holds mirror rows ``lrows[starts[c]:starts[c+1]]``; ``lfirst`` their first-stage rows laid
+  out for a vectorised scan (:func:`gmmlsh.core.ivf.list_layout`), ``lplanes`` the low bit
+  planes of their sketches in list order (so the rank pass reads near what it scanned);
+  ``profiles`` choose the lists (:func:`gmmlsh.core.ivf.profile_scores`);
+* ``first`` (rows, 8) and ``planes`` (rows, b·words): every row's first-stage row and bit
+  planes (:mod:`gmmlsh.core.ivf`, :mod:`gmmlsh.core.codes`), read for the rows
+  ``[tail_lo, tail_hi)`` added since the generation was built (scanned whole);
 * ``alive`` (rows,): 0 for a retired vector (it stays in the arrays until the next generation);
+* ``coff``/``cdata``: the coarse rows (:mod:`gmmlsh.core.coarse`);
 * ``voff``/``vdata``/``norms``: the vectors as GMM sees them. Row ``r`` starts at word
   ``voff[r]`` of ``vdata`` with two int32 header words, ``count`` and ``kind``: kind 0 is
   dense (``count`` float32 values follow), kind 1 sparse (``count`` int32 indices, then
   ``count`` float32 values). ``vi``/``vf`` are the int32 and float32 views of ``vdata``.
 
-The query itself enters as its bit planes ``qp`` and first-stage row ``qf`` and, for the exact stage, as a dense
-float64 buffer ``qbuf`` of the full dimension (zero where the query is zero), so that a
-sparse stored row costs one gather per nonzero.
+The query itself enters as its bit planes ``qp`` and first-stage row ``qf`` and, for the GMM
+stages, as a dense float64 buffer ``qbuf`` of the full dimension (zero where the query is
+zero), so that a sparse stored row costs one gather per nonzero.
+
+Measured on Fashion-MNIST grown to 1M (one query, 24 lists of ~500 rows): the scan reads
+about 1.3 MB in order; every later stage reads rows from anywhere, and its cost is the
+cache lines it fetches — so each stage reads as few as it can (4 bit planes in list order,
+then int8 coarse rows, then the float32 rows of the best ``refine``), and asks for the next
+rows' lines while it scores the current ones.
 """
 
 from __future__ import annotations
@@ -25,18 +35,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from gmmlsh.core.codes import WORD, agreement
+from gmmlsh.core.coarse import HEADER, coarse_gmm
+from gmmlsh.core.codes import WORD
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
-from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
-from gmmlsh.core.ivf import FIRST_WORDS, first_agreement
+from gmmlsh.core.intrinsics import CACHE_LINE, popcount, prefetch, prefetch_flat
+from gmmlsh.core.ivf import FIRST_WORDS, first_agreement, list_scores, profile_scores
 from gmmlsh.core.parallel import twin_kernels
 
-#: Rows the rank pass prefetches ahead (its rows are random: each would be a full memory latency).
+#: Rows the rank and GMM passes ask for ahead of the one they score (each is a random row:
+#: a full memory latency unless requested early).
 _AHEAD = 8
 _LINE_WORDS = CACHE_LINE // 8  # uint64 words per cache line
 _LINE_VALUES = CACHE_LINE // 4  # float32 values per cache line
 #: Highest first-stage score (samples in a first-stage row).
 _FIRST_TOP = FIRST_WORDS // 2 * WORD
+#: Levels a coarse GMM is cut to for choosing the rows scored exactly (a counting selection).
+_GMM_LEVELS = 4095
 
 
 @njit(nogil=True, cache=True, fastmath=_FAST)
@@ -98,100 +112,246 @@ def select(ids, scores, m, count, top):
     return out[:k]
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _first_scores(rows_first, lo, hi, qf, scores, at, hist):
-    """First-stage scores of rows ``[lo, hi)`` of a first-stage array into ``scores[at:]``,
-    counted in ``hist`` as they go; returns the next free position."""
-    for e in range(lo, hi):
-        s = first_agreement(rows_first[e], qf)
-        scores[at] = s
-        hist[s] += 1
-        at += 1
-    return at
+@njit(nogil=True, cache=True)
+def _keep_best(refs, scores, m, count):
+    """Keep the ``count`` best of the first ``m`` entries at the front, in order (ties to the
+    earliest); returns (the lowest score kept, how many were kept)."""
+    hist = np.zeros(_FIRST_TOP + 1, dtype=np.int64)
+    for i in range(m):
+        hist[scores[i]] += 1
+    cut, room = _cut(hist, count)
+    k = 0
+    for i in range(m):
+        s = scores[i]
+        if s > cut or (s == cut and room > 0):
+            room -= s == cut
+            refs[k] = refs[i]
+            scores[k] = s
+            k += 1
+    return cut, k
+
+
+#: Entries compared with the cut at a time (their best first: most groups hold none above it).
+_GROUP = 16
+#: Every this many scores is read for the histogram that estimates the shortlist's cut.
+_STRIDE = 4
 
 
 @njit(nogil=True, cache=True)
-def search(qp, qf, words, qbuf, qn, exclude, centroids, starts, lrows, lfirst, first, planes, tail_lo, tail_hi,
-           alive, voff, vi, vf, norms, probes, shortlist, rank_planes, rerank, out_rows, out_sims):
-    """One query: returns (rows written to ``out_rows``/``out_sims``, rows scanned).
+def _estimated_cut(scores, m, count):
+    """A score below the cut of the ``count`` best of ``scores[:m]``, most likely, read from
+    every :data:`_STRIDE`-th score: the cut of a sample, taken for 1.5 times ``count`` and one
+    lower — a margin of several sample standard deviations. Choosing from a histogram of every
+    score cost more than scoring them (measured: a selection of 1,000 of 20,000 took 3× the
+    vectorised scoring)."""
+    hist = np.zeros(_FIRST_TOP + 1, dtype=np.int64)
+    for i in range(0, m, _STRIDE):
+        hist[scores[i]] += 1
+    cut = _cut(hist, (3 * count) // (2 * _STRIDE) + 1)[0]
+    return max(0, cut - 1)
 
-    1. the ``probes`` lists whose centroids agree best with the query (all when
-       ``probes`` ≥ their number), plus the tail, scored on first-stage rows (read
-       contiguously; only the scores are written, and counted as they go);
-    2. the ``shortlist`` best of those, scored on the low ``rank_planes`` bits of
-       every sample;
-    3. the ``rerank`` best of those, scored by exact GMM (unsorted; the caller ranks).
+
+#: The top bit of each 16-bit lane of a word.
+_LANE_TOPS = np.uint64(0x8000800080008000)
+
+
+@njit(nogil=True, cache=True)
+def _gather_above(scores, spans, cut, refs, kept):
+    """Refs and scores of every scored entry at or above ``cut`` (``spans``: per scored run, its
+    first position in ``scores`` — a multiple of :data:`_GROUP` — and its first ref), in order;
+    returns how many, or −1 when they do not fit in ``refs``.
+
+    A group of 16 scores is tested at once, as 4 words: adding ``0x8000 − cut`` to each 16-bit
+    lane sets the lane's top bit exactly when its score (< 0x8000) is at least ``cut``, and
+    no lane carries into the next."""
+    words = scores.view(np.uint64)
+    lift = np.uint64(0x8000 - cut) * np.uint64(0x0001000100010001)
+    m = 0
+    room = refs.shape[0] - _GROUP
+    for j in range(spans.shape[0] - 1):
+        at, ref0 = spans[j, 0], spans[j, 1]
+        size = spans[j, 2]
+        for g0 in range(0, size, _GROUP):
+            w = (at + g0) // 4
+            if ((words[w] + lift) | (words[w + 1] + lift) | (words[w + 2] + lift) | (words[w + 3] + lift)) & _LANE_TOPS:
+                for e in range(g0, min(size, g0 + _GROUP)):  # no branch per entry: written always, kept if above
+                    s = np.int64(scores[at + e])
+                    refs[m] = ref0 + e
+                    kept[m] = s
+                    m += s >= cut
+                if m > room:
+                    return -1
+    return m
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _agree(a, b, words, planes):
+    """Samples on which the low ``planes`` (1–4) bits of two plane rows agree: each plane
+    count written out, so that the loop over words vectorises."""
+    total = 0
+    if planes == 4:
+        for w in range(words):
+            total += popcount(~((a[w] ^ b[w]) | (a[words + w] ^ b[words + w]) | (a[2 * words + w] ^ b[2 * words + w])
+                                | (a[3 * words + w] ^ b[3 * words + w])))
+    elif planes == 3:
+        for w in range(words):
+            total += popcount(~((a[w] ^ b[w]) | (a[words + w] ^ b[words + w]) | (a[2 * words + w] ^ b[2 * words + w])))
+    elif planes == 2:
+        for w in range(words):
+            total += popcount(~((a[w] ^ b[w]) | (a[words + w] ^ b[words + w])))
+    else:
+        for w in range(words):
+            total += popcount(~(a[w] ^ b[w]))
+    return total
+
+
+@njit(nogil=True, cache=True)
+def shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, tail_hi, probes, shortlist):
+    """The first stage: the ``shortlist`` best rows by first-stage agreement among the
+    ``probes`` lists whose profiles agree best with the query (all when ``probes`` ≥ their
+    number) and the tail, ties to the earliest. Returns (refs, rows scanned): a ref below the
+    number of list entries is an entry, any other is ``entries + row`` (a tail row).
+
+    Every entry is scored first (a vectorised pass over the lists, as fast as memory streams
+    them); the cut is then estimated from a sample of the scores, the entries at or above it
+    gathered, and the shortlist chosen exactly among those (the whole selection again, lower,
+    in the rare case the estimate keeps too few)."""
+    nlist = starts.shape[0] - 1
+    entries = starts[nlist]
+    chosen = np.arange(nlist)
+    if probes < nlist:
+        pscore = np.empty(nlist, dtype=np.int64)
+        profile_scores(profiles, qp, words, two, pscore)
+        chosen = select(chosen, pscore, nlist, probes, words * WORD)
+    # Each run of scores (a list, then the tail) starts at a multiple of _GROUP, zeros between.
+    total = (tail_hi - tail_lo + _GROUP - 1) // _GROUP * _GROUP + _GROUP
+    for c in chosen:
+        total += (starts[c + 1] - starts[c] + _GROUP - 1) // _GROUP * _GROUP
+    scores = np.empty(total, dtype=np.uint16)
+    spans = np.empty((chosen.shape[0] + 2, 3), dtype=np.int64)  # per run: first position, first ref, size
+    at = 0
+    for j in range(chosen.shape[0]):
+        c = chosen[j]
+        size = starts[c + 1] - starts[c]
+        spans[j, 0], spans[j, 1], spans[j, 2] = at, starts[c], size
+        list_scores(lfirst, starts[c], size, qf, scores[at:])
+        end = (at + size + _GROUP - 1) // _GROUP * _GROUP
+        scores[at + size:end] = 0
+        at = end
+    j = chosen.shape[0]
+    spans[j, 0], spans[j, 1], spans[j, 2] = at, entries + tail_lo, tail_hi - tail_lo
+    for r in range(tail_lo, tail_hi):
+        scores[at + r - tail_lo] = first_agreement(first[r], qf)
+    end = (at + tail_hi - tail_lo + _GROUP - 1) // _GROUP * _GROUP
+    scores[at + tail_hi - tail_lo:end] = 0
+    spans[j + 1, 0], spans[j + 1, 1], spans[j + 1, 2] = end, 0, 0
+    m = end
+    scanned = spans[:, 2].sum()
+    cut = _estimated_cut(scores, m, shortlist) if scanned > shortlist else 0
+    room = min(scanned, 4 * shortlist) + 2 * _GROUP
+    refs = np.empty(room, dtype=np.int64)
+    kept = np.empty(room, dtype=np.int64)
+    found = _gather_above(scores, spans, cut, refs, kept)
+    if found < shortlist and cut > 0 or found < 0:  # the estimate kept too few, or too many: every entry
+        refs = np.empty(m + _GROUP, dtype=np.int64)
+        kept = np.empty(m + _GROUP, dtype=np.int64)
+        found = _gather_above(scores, spans, 0, refs, kept)
+    found = _keep_best(refs, kept, found, shortlist)[1]
+    return refs[:found], scanned
+
+
+@njit(nogil=True, cache=True)
+def search(qp, qf, words, two, qbuf, qn, exclude, profiles, starts, lrows, lfirst, lplanes, first, planes, tail_lo,
+           tail_hi, alive, coff, cdata, dim, voff, vi, vf, norms, probes, shortlist, rank_planes, candidates, refine,
+           out_rows, out_sims):
+    """One query: returns (rows written to ``out_rows``/``out_sims``, rows scanned, candidates
+    ranked by GMM).
+
+    1. the first stage (:func:`shortlist_of`): the ``shortlist`` best of the probed lists and the tail;
+    2. those ranked on the low ``rank_planes`` bits (1–4) of every sample;
+    3. the ``candidates`` best of those ranked by coarse GMM (:mod:`gmmlsh.core.coarse`);
+    4. the ``refine`` best of those scored by exact GMM (unsorted; the caller ranks). With
+       ``refine`` ≥ ``candidates`` every candidate is scored exactly; with ``refine`` 0 the
+       candidates are returned unscored (similarity 0: which rows a setting reaches).
     Retired rows and row ``exclude`` (the query's own vector, or −1) are skipped.
     """
-    nlist = centroids.shape[0]
-    chosen = np.arange(nlist)
-    if nlist > 0 and probes < nlist:
-        cscore = np.empty(nlist, dtype=np.int64)
-        for c in range(nlist):
-            cscore[c] = first_agreement(centroids[c], qf)
-        chosen = select(chosen, cscore, nlist, probes, _FIRST_TOP)
-    total = tail_hi - tail_lo
-    for c in chosen:
-        total += starts[c + 1] - starts[c]
-    scores = np.empty(total, dtype=np.uint16)
-    hist = np.zeros(_FIRST_TOP + 1, dtype=np.int64)
-    m = 0
-    for c in chosen:
-        m = _first_scores(lfirst, starts[c], starts[c + 1], qf, scores, m, hist)
-    m = _first_scores(first, tail_lo, tail_hi, qf, scores, m, hist)
-    # The shortlist, in scan order. Retired rows and ``exclude`` are dropped in the next
-    # pass, not here: a live-flag read per scanned row (random rows) tripled the scan's time.
-    cut, room = _cut(hist, shortlist)
-    short = np.empty(min(shortlist, m), dtype=np.int64)
-    k = 0
-    t = 0
-    for c in chosen:
-        for e in range(starts[c], starts[c + 1]):
-            s = scores[t]
-            t += 1
-            if s > cut or (s == cut and room > 0):
-                room -= s == cut
-                short[k] = lrows[e]
-                k += 1
-    for r in range(tail_lo, tail_hi):
-        s = scores[t]
-        t += 1
-        if s > cut or (s == cut and room > 0):
-            room -= s == cut
-            short[k] = r
-            k += 1
-    short = short[:k]
+    entries = starts[starts.shape[0] - 1]
+    short, scanned = shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, tail_hi, probes,
+                                  shortlist)
+    k = short.shape[0]
+    rows = np.empty(k, dtype=np.int64)
     ranked = np.empty(k, dtype=np.int64)
+    stride = rank_planes * words
     for t in range(k):
         if t + _AHEAD < k:
             ahead = short[t + _AHEAD]
-            prefetch_flat(alive, ahead)
-            for w in range(0, rank_planes * words, _LINE_WORDS):
-                prefetch(planes, ahead, w)
-        r = short[t]
-        ranked[t] = agreement(planes[r], qp, words, rank_planes, words) if alive[r] and r != exclude else 0
-    best = select(short, ranked, k, rerank, words * WORD)
+            if ahead < entries:
+                for w in range(0, stride, _LINE_WORDS):
+                    prefetch(lplanes, ahead, w)
+            else:
+                prefetch_flat(alive, ahead - entries)
+                for w in range(0, stride, _LINE_WORDS):
+                    prefetch(planes, ahead - entries, w)
+        ref = short[t]
+        if ref < entries:
+            r = np.int64(lrows[ref])
+            score = _agree(lplanes[ref], qp, words, rank_planes)
+        else:
+            r = ref - entries
+            score = _agree(planes[r], qp, words, rank_planes)
+        rows[t] = r
+        ranked[t] = score if alive[r] and r != exclude else 0
+    best = select(rows, ranked, k, candidates, words * WORD)
+    nb = best.shape[0]
+    if refine == 0:
+        out_rows[:nb] = best
+        out_sims[:nb] = 0.0
+        return nb, scanned, nb
+    ranked_by_gmm = -1
+    if refine < nb:
+        levels = cdata.view(np.int8)
+        head = cdata.view(np.float32)
+        counts = cdata.view(np.int32)
+        q32 = qbuf.astype(np.float32)
+        coarse = np.empty(nb, dtype=np.int64)
+        for t in range(nb):
+            if t + 2 * _AHEAD < nb:
+                prefetch_flat(coff, best[t + 2 * _AHEAD])
+            if t + _AHEAD < nb:  # its lines: to the next row's start, at most a dense row's
+                ahead = best[t + _AHEAD]
+                for b in range(coff[ahead], min(coff[ahead + 1], coff[ahead] + HEADER + dim), CACHE_LINE):
+                    prefetch_flat(cdata, b)
+            r = best[t]
+            if alive[r] and r != exclude:
+                coarse[t] = np.int64(_GMM_LEVELS * coarse_gmm(q32, qn, dim, coff, levels, head, counts, voff, vi, r))
+                ranked_by_gmm += 1
+            else:
+                coarse[t] = 0
+        ranked_by_gmm += 1
+        best = select(best, coarse, nb, refine, _GMM_LEVELS)
+        nb = best.shape[0]
     n = 0
-    for t in range(best.shape[0]):
-        if t + _AHEAD < best.shape[0]:  # the next rows' vectors, while this one is scored
+    for t in range(nb):
+        if t + _AHEAD < nb:  # the next rows' vectors, while this one is scored (at most a dense row's lines)
             ahead = best[t + _AHEAD]
-            for w in range(voff[ahead], voff[ahead + 1], _LINE_VALUES):
+            for w in range(voff[ahead], min(voff[ahead + 1], voff[ahead] + 2 + dim), _LINE_VALUES):
                 prefetch_flat(vf, w)
         r = best[t]
         if alive[r] and r != exclude:
             out_rows[n] = r
             out_sims[n] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
             n += 1
-    return n, m
+    return n, scanned, n if ranked_by_gmm < 0 else ranked_by_gmm
 
 
-def _search_many_impl(QP, QF, words, Qbuf, qn, exclude, centroids, starts, lrows, lfirst, first, planes, tail_lo,
-                      tail_hi, alive, voff, vi, vf, norms, probes, shortlist, rank_planes, rerank, out_rows, out_sims,
-                      counts, scanned):
+def _search_many_impl(QP, QF, words, two, Qbuf, qn, exclude, profiles, starts, lrows, lfirst, lplanes, first, planes,
+                      tail_lo, tail_hi, alive, coff, cdata, dim, voff, vi, vf, norms, probes, shortlist, rank_planes,
+                      candidates, refine, out_rows, out_sims, counts, scanned, ranked):
     for i in prange(QP.shape[0]):
-        counts[i], scanned[i] = search(QP[i], QF[i], words, Qbuf[i], qn[i], exclude[i], centroids, starts, lrows,
-                                       lfirst, first, planes, tail_lo, tail_hi, alive, voff, vi, vf, norms, probes,
-                                       shortlist, rank_planes, rerank, out_rows[i], out_sims[i])
+        counts[i], scanned[i], ranked[i] = search(
+            QP[i], QF[i], words, two, Qbuf[i], qn[i], exclude[i], profiles, starts, lrows, lfirst, lplanes, first,
+            planes, tail_lo, tail_hi, alive, coff, cdata, dim, voff, vi, vf, norms, probes, shortlist, rank_planes,
+            candidates, refine, out_rows[i], out_sims[i])
 
 
 #: :func:`search` for every query of a batch (parallel over queries, or serial).

@@ -6,8 +6,9 @@ its true L1 norm, a sketch equal to a re-hash of its vector, JSON-object metadat
 NRFF features of the right size; no field outlives its record; the count equals the
 scan. **The search mirror** of this machine (after bringing it up to date): every
 live record has exactly one live row holding the same vector, norm, sketch, name and
-metadata, no live row belongs to a retired record, and the inverted lists cover every
-listed live row once with its own first-stage row. The mirror is derived data: if it
+metadata (and a coarse copy encoding that vector), no live row belongs to a retired record,
+and the inverted lists cover every listed live row once with its own first-stage row and
+bit planes. The mirror is derived data: if it
 is damaged, delete its directory and it is rebuilt from the store.
 
 Run it on a quiet index (or on a ``gmmlsh snapshot``): the reads are several
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, pack_codes, unpack_codes
-from gmmlsh.core.ivf import first_rows
+from gmmlsh.core.ivf import first_rows, list_layout
 from gmmlsh.index.records import as_hashed, codes_of, decode_rows, decode_vector
 from gmmlsh.index.store.base import FIELDS
 
@@ -173,6 +175,12 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
     words = view.planes.shape[1] // cfg.bits
     if view.rows and not np.array_equal(view.first, first_rows(view.planes, words, cfg.bits)):
         rep.add("mirror: first-stage rows differ from the sketches", "rebuild the mirror")
+    if view.rows:
+        sizes = coarse_sizes(view.voff, view.vi, 0, view.rows)
+        want = np.empty(int(sizes.sum()), np.uint8)
+        coarse_encode(view.voff, view.vi, view.vf, view.norms, 0, view.rows, want)
+        if not (np.array_equal(view.coff[1:] - view.coff[:-1], sizes) and np.array_equal(view.cdata, want)):
+            rep.add("mirror: coarse rows differ from the vectors", "rebuild the mirror")
     gen = view.generation
     if gen is not None:
         listed = np.asarray(gen.lrows, dtype=np.int64)
@@ -185,8 +193,9 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
         unlisted = np.flatnonzero((counts[:gen.rows] == 0) & (view.alive[:gen.rows] != 0))
         for r in unlisted[:MAX_EXAMPLES]:
             rep.add("mirror: a live row in no list", f"row {int(r)}")
-        if not np.array_equal(np.asarray(gen.lfirst), view.first[listed]):
-            rep.add("mirror: a list's first-stage copy differs from its rows", f"generation {gen.number}")
+        if not (np.array_equal(np.asarray(gen.lfirst), list_layout(view.first[listed], np.asarray(gen.starts)))
+                and np.array_equal(np.asarray(gen.lplanes), view.planes[listed, :gen.lplanes.shape[1]])):
+            rep.add("mirror: a list's copy of its rows' sketches differs from them", f"generation {gen.number}")
 
 
 def _vector_problem(blob: bytes, dim: int) -> str | None:

@@ -64,17 +64,25 @@ def widened(params: SearchParams, view, share: float) -> SearchParams:
         params.shortlist / share))))
 
 
+def _gathered_offsets(offs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Offsets of ``rows`` of a variable-length column (and the last one's end). Row ``i`` of the
+    gathered view starts at ``out[i]``; the kernels read its length from its own header
+    (``out[i + 1]`` is another row's start: they use it only to bound what they prefetch)."""
+    out = np.empty(rows.shape[0] + 1, dtype=offs.dtype)
+    out[:-1] = offs[rows]
+    out[-1] = offs[rows[-1] + 1] if rows.shape[0] else 0
+    return out
+
+
 def subset_view(view, rows: np.ndarray):
     """A view of just ``rows``: their first-stage rows, bit planes and norms gathered (the
-    vectors stay where they are: the offsets point into the mirror's payload column), no
-    lists, every row live. The sketch search over it scans only matching rows, however the
-    condition correlates with the query's neighbourhood (a label does, strongly)."""
-    voff = np.empty(rows.shape[0] + 1, dtype=view.voff.dtype)
-    voff[:-1] = view.voff[rows]
-    voff[-1] = view.voff[rows[-1] + 1] if rows.shape[0] else 0
+    vectors and their coarse copies stay where they are: the offsets point into the mirror's
+    columns), no lists, every row live. The sketch search over it scans only matching rows,
+    however the condition correlates with the query's neighbourhood (a label does, strongly)."""
     return replace(view, rows=int(rows.shape[0]), live=int(rows.shape[0]), iid=view.iid[rows],
                    alive=np.ones(rows.shape[0], np.uint8), norms=view.norms[rows], planes=view.planes[rows],
-                   first=view.first[rows], voff=voff, generation=None)
+                   first=view.first[rows], voff=_gathered_offsets(view.voff, rows),
+                   coff=_gathered_offsets(view.coff, rows), generation=None)
 
 
 def _subset(view, flt: Filter, rows: np.ndarray, cache: dict):
@@ -93,7 +101,7 @@ def _subset(view, flt: Filter, rows: np.ndarray, cache: dict):
 
 
 def _nbytes(sub) -> int:
-    return sub.planes.nbytes + sub.first.nbytes + sub.norms.nbytes + sub.voff.nbytes + sub.alive.nbytes
+    return sum(a.nbytes for a in (sub.planes, sub.first, sub.norms, sub.voff, sub.coff, sub.alive))
 
 
 def _subset_params(params: SearchParams) -> SearchParams:
@@ -115,20 +123,20 @@ def run_filtered(view, qs, k: int, mode: str, min_similarity: float, params: Sea
         share = m / max(view.live, 1)
         found: list = [None] * len(qs)
         if share > FILTER_SUBSET_SHARE:  # most rows pass: the mask, with the scan widened a little
-            found = [(r, s) for r, s, _ in run_lsh(fview, qs, widened(params, view, share), config)]
-            # Fewer rows scored than the rerank budget: the scan kept too few passing rows (the
+            found = run_lsh(fview, qs, widened(params, view, share), config, k)
+            # Fewer candidates than the rerank budget: the scan kept too few passing rows (the
             # query's neighbourhood is mostly excluded, e.g. its own label): search the subset.
-            found = [f if f[0].shape[0] >= min(params.candidates, m - 1) else None for f in found]
+            found = [f if f[2] >= min(params.candidates, m - 1) else None for f in found]
         redo = [i for i, f in enumerate(found) if f is None]
         if redo:
             sub = _subset(view, flt, rows, columns.subsets)
             at = [int(np.searchsorted(rows, qs[i].exclude)) if qs[i].exclude >= 0 and alive[qs[i].exclude] else -1
                   for i in redo]
             again = run_lsh(sub, [replace(qs[i], exclude=e) for i, e in zip(redo, at, strict=True)],
-                            _subset_params(params), config)
-            for i, (r, s, _) in zip(redo, again, strict=True):
-                found[i] = (rows[r], s)
-        return [answer(fview, mode, k, r, s, len(r), min_similarity) for r, s in found]
+                            _subset_params(params), config, k)
+            for i, (r, s, ranked) in zip(redo, again, strict=True):
+                found[i] = (rows[r], s, ranked)
+        return [answer(fview, mode, k, r, s, ranked, min_similarity) for r, s, ranked in found]
     if m > FILTER_EXACT_ROWS:
         return [answer(fview, "exact", k, *run_exact(fview, q, k), min_similarity) for q in qs]
     out = []

@@ -270,8 +270,8 @@ class Index:
         if flt is not None:
             return run_filtered(view, qs, k, mode, min_similarity, params, self.config, flt, self.columns)
         if mode == "lsh":
-            found = run_lsh(view, qs, params, self.config)
-            return [answer(view, mode, k, rows, sims, len(rows), min_similarity) for rows, sims, _ in found]
+            found = run_lsh(view, qs, params, self.config, k)
+            return [answer(view, mode, k, rows, sims, ranked, min_similarity) for rows, sims, ranked in found]
         if mode == "exact":
             return [answer(view, mode, k, *run_exact(view, q, k), min_similarity) for q in qs]
         if mode == "postings":
@@ -335,7 +335,7 @@ class Index:
                 view = self.mirror.sync(self.store)
                 if generation.due(view.rows, view.rows - view.tail_start):
                     name = generation.build(self.mirror.dir, view, view.generation, self.config.dim,
-                                            seed=self.config.seed)
+                                            self.config.bits, seed=self.config.seed)
                     view = self.mirror.publish(generation=name)
                     done["generation"] = view.generation.number
                 if self._tuning_due(view):

@@ -10,7 +10,9 @@ A mirror *row* is one stored vector, numbered in the order the mirror learned of
 it: row-indexed columns hold its iid, a live flag, the L1 norm and payload of the
 vector as GMM sees it (centred, if the index has a centre), the bit planes of its
 sketch and its first-stage row (:mod:`gmmlsh.core.ivf`), its name and metadata, and
-its NRFF features; an iid-indexed column maps iids back to rows. Inverted lists over the rows are built in *generations*
+its NRFF features, and a coarse copy of its vector (one int8 level a value,
+:mod:`gmmlsh.core.coarse`) for ranking candidates by GMM from a quarter of the bytes; an
+iid-indexed column maps iids back to rows. Inverted lists over the rows are built in *generations*
 (:mod:`gmmlsh.index.generation`); rows added since the current generation form the
 *tail*, which a query scans whole.
 
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index.columns import Blobs, Column, populate
@@ -47,7 +50,7 @@ from gmmlsh.index.records import DENSE, decode_vector
 from gmmlsh.index.store.base import Store
 
 #: Bump when the mirror's files change: an older mirror is rebuilt.
-MIRROR_FORMAT = 3
+MIRROR_FORMAT = 4
 #: Records read from the store per round trip while syncing.
 _READ_BATCH = 4096
 
@@ -67,6 +70,8 @@ class View:
     voff: np.ndarray
     vi: np.ndarray
     vf: np.ndarray
+    coff: np.ndarray  # (rows + 1,) int64: byte offsets of the coarse rows
+    cdata: np.ndarray  # uint8: the coarse rows (gmmlsh.core.coarse)
     names: tuple[np.ndarray, np.ndarray]
     meta: tuple[np.ndarray, np.ndarray]
     nrff: np.ndarray | None
@@ -121,6 +126,7 @@ class Mirror:
         self._nrff = Column(d / "nrff.f4", np.float32, config.nrff_k) if config.nrff_k else None
         self._rowof = Column(d / "rowof.u4", np.uint32)
         self._vectors = Blobs(d, "vectors", np.uint32)
+        self._coarse = Blobs(d, "coarse", np.uint8)
         self._names = Blobs(d, "names")
         self._meta = Blobs(d, "meta")
         self._state_stamp: tuple | None = None
@@ -194,12 +200,13 @@ class Mirror:
                     raise
         n = state["rows"]
         voff, vdata = self._vectors.views(n)
+        coff, cdata = self._coarse.views(n)
         self._state_stamp = stamp
         return View(
             rows=n, live=state["live"], token=tuple(state["token"]) if state["token"] is not None else None,
             iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
             planes=self._planes.rows(n), first=self._first.rows(n), voff=voff,
-            vi=vdata.view(np.int32), vf=vdata.view(np.float32),
+            vi=vdata.view(np.int32), vf=vdata.view(np.float32), coff=coff, cdata=cdata,
             names=self._names.views(n), meta=self._meta.views(n),
             nrff=self._nrff.rows(n) if self._nrff is not None else None,
             rowof=self._rowof.whole(),
@@ -223,7 +230,7 @@ class Mirror:
                 rows = self._append(store, changes.added, state["rows"])
                 retired = self._retire(changes.retired, rows)
                 for col in (self._iid, self._alive, self._norms, self._planes, self._first, self._rowof, self._vectors,
-                            self._names, self._meta, *((self._nrff,) if self._nrff else ())):
+                            self._coarse, self._names, self._meta, *((self._nrff,) if self._nrff else ())):
                     col.fsync()
                 state.update(rows=rows, token=list(changes.token),
                              live=state["live"] + rows - state["rows"] - retired)
@@ -265,6 +272,7 @@ class Mirror:
             self._planes.write(rows, planes)
             self._first.write(rows, first_rows(planes, self.words, cfg.bits))
             self._vectors.append(rows, payloads)
+            self._append_coarse(rows, end)
             self._names.append(rows, [rec["name"][i] for i in keep])
             self._meta.append(rows, [rec["meta"][i] or b"" for i in keep])
             if self._nrff is not None:
@@ -274,6 +282,15 @@ class Mirror:
             rowof[new_iids] = np.arange(rows + 1, end + 1, dtype=np.uint32)
             rows = end
         return rows
+
+    def _append_coarse(self, lo: int, hi: int) -> None:
+        """The coarse rows of mirror rows ``[lo, hi)``, from their vectors just written."""
+        voff, vdata = self._vectors.views(hi)
+        vi = vdata.view(np.int32)
+        sizes = coarse_sizes(voff, vi, lo, hi)
+        data = np.empty(int(sizes.sum()), np.uint8)
+        coarse_encode(voff, vi, vdata.view(np.float32), self._norms.rows(hi), lo, hi, data)
+        self._coarse.append(lo, np.split(data, np.cumsum(sizes)[:-1]))
 
     def _payloads(self, blobs: list[bytes]) -> tuple[np.ndarray, list[np.ndarray]]:
         """(norms, the words each row keeps: count, kind, values) of stored vector blobs."""
@@ -334,10 +351,10 @@ class Mirror:
         first queries would otherwise each take page faults); returns the seconds it took."""
         t0 = time.perf_counter()
         view = self.refresh()
-        hot = [view.alive, view.norms, view.planes, view.first, view.voff, view.vf]
+        hot = [view.alive, view.norms, view.planes, view.first, view.voff, view.vf, view.coff, view.cdata]
         if view.generation is not None:
             g = view.generation
-            hot += [g.centroids, g.starts, g.lrows, g.lfirst]
+            hot += [g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes]
         for array in hot:
             populate(array)
         return time.perf_counter() - t0

@@ -25,13 +25,14 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from gmmlsh.index.config import IndexConfig, SearchParams
+from gmmlsh.index.generation import RANK_PLANES
 from gmmlsh.index.mirror import View
-from gmmlsh.index.records import DENSE, codes_of
+from gmmlsh.index.records import codes_of
 from gmmlsh.index.search import (
     Prepared,
     prepare_row,
@@ -112,35 +113,16 @@ class QuerySample:
             return list(self.rows[:n])
 
 
-@dataclass(frozen=True)
-class _Truth:
-    """What a trial is measured against: each sample query's rows at or above its true 10th
-    similarity (:func:`recall`), and the view a trial's sketch search runs on (:func:`_unscored`)."""
-
-    rows: list
-    view: View
-
-
-def _truth(view: View, qs: list[Prepared]) -> _Truth:
-    """The sample's truth, by exact search in batches of :data:`_TRUTH_BATCH` queries: an answer
-    may hold buffers the size of the index until it is cut to its true rows."""
+def _truth(view: View, qs: list[Prepared]) -> list:
+    """Each sample query's rows at or above its true 10th similarity (:func:`recall`), by exact
+    search in batches of :data:`_TRUTH_BATCH` queries: an answer may hold buffers the size of
+    the index until it is cut to its true rows."""
     rows = []
     for lo in range(0, len(qs), _TRUTH_BATCH):
         for found, sims, _ in run_exact_many(view, qs[lo:lo + _TRUTH_BATCH], NEIGHBORS):
             tenth = np.sort(sims)[::-1][min(NEIGHBORS, sims.shape[0]) - 1] if sims.shape[0] else 0.0
             rows.append(found[sims >= tenth - 1e-9] if tenth > 1e-9 else None)
-    return _Truth(rows, _unscored(view))
-
-
-def _unscored(view: View) -> View:
-    """``view`` with one placeholder for every stored vector: a sketch search on it scores the
-    same rows as on ``view`` (the stages before the exact scores read only sketches, lists and
-    live flags) without reading their vectors, and a trial counts only which rows were scored.
-    At 784 dense dimensions the exact scores are half of a trial's time."""
-    one = np.array([1, DENSE, 0], dtype=np.uint32)  # a dense vector of one value, 1.0
-    one[2:].view(np.float32)[:] = 1.0
-    return replace(view, voff=np.zeros(view.rows + 1, dtype=view.voff.dtype), vi=one.view(np.int32),
-                   vf=one.view(np.float32), norms=np.ones(view.rows))
+    return rows
 
 
 def _sample(view: View, config: IndexConfig, queries: int, seed: int, served: list | None
@@ -155,17 +137,18 @@ def _sample(view: View, config: IndexConfig, queries: int, seed: int, served: li
     return [prepare_row(view, int(r), config) for r in rows], f"{rows.shape[0]} stored vectors"
 
 
-def _recall(view: View, qs: list[Prepared], truth: _Truth, params: SearchParams, config: IndexConfig) -> float:
+def _recall(view: View, qs: list[Prepared], truth: list, params: SearchParams, config: IndexConfig) -> float:
     """Recall of ``params`` on the sample, as a one-sided 95 % lower confidence bound: the
     mean over the sample queries less :data:`CONFIDENCE_Z` standard errors. The tuner keeps
     the cheapest of many settings that reach the target, so a bare sample mean would favour
     the settings the sample flatters (measured: 0.961 on 64 served queries, 0.939 on 1,000).
     The queries are answered as one batch (on every core numba has: the same answers as one
-    query at a time, in a fraction of the tuning's time); a sketch search, on the truth's
-    unscored view."""
-    found = (run_lsh(truth.view, qs, params, config) if params.rare == 0 else
+    query at a time, in a fraction of the tuning's time); a sketch search counts which rows
+    reach its candidates, unscored (the coarse and exact scores of its last stages only
+    order them: a true row among the candidates is in the answer)."""
+    found = (run_lsh(view, qs, params, config, scored=False) if params.rare == 0 else
              [run_postings(view, q, params) for q in qs])
-    per_query = np.array([recall(rows, true) for (rows, _, _), true in zip(found, truth.rows, strict=True)])
+    per_query = np.array([recall(rows, true) for (rows, _, _), true in zip(found, truth, strict=True)])
     return float(per_query.mean() - CONFIDENCE_Z * per_query.std(ddof=1) / np.sqrt(per_query.shape[0]))
 
 
@@ -209,7 +192,7 @@ def _search_seconds(view: View, qs: list[Prepared], params: SearchParams, config
     return _lsh_seconds(view, qs, params, config, rounds) + hash_s
 
 
-def _postings_settings(view: View, qs: list[Prepared], truth: _Truth, config: IndexConfig, target: float,
+def _postings_settings(view: View, qs: list[Prepared], truth: list, config: IndexConfig, target: float,
                        hash_s: float) -> list[tuple[float, SearchParams, float]]:
     """Postings searches reaching ``target`` (text-like data only: a generation with head
     columns): for each share of rare coordinates, the fewest candidates, by bisection."""
@@ -331,7 +314,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     ladder, start = _probe_ladder(lists), 0
     # Most rank bits first: fewer bits rank less precisely, so they never reach the target with
     # fewer lists than more bits needed; their trial starts there.
-    for rank_bits in sorted({b for b in (2, 4, 8, config.bits) if b <= config.bits}, reverse=True):
+    for rank_bits in sorted({min(b, RANK_PLANES, config.bits) for b in (2, RANK_PLANES)}, reverse=True):
         first_hit = None
         for i in range(start, len(ladder)):
             found = _cheapest_at(view, qs, truth, config, target, ladder[i], rank_bits, tried)

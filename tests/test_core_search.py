@@ -1,5 +1,6 @@
 """The search kernels against plain numpy references: bit-plane agreement, first-stage rows,
-selection, list assignment, k-modes, and the whole search against brute force."""
+selection, list assignment, k-modes, the list layout and profiles, the first stage's
+selection, coarse GMM, and the whole search against brute force."""
 
 from __future__ import annotations
 
@@ -7,11 +8,23 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from gmmlsh.core.coarse import LEVELS, coarse_encode, coarse_gmm, coarse_sizes
 from gmmlsh.core.codes import agreement, bbit_codes, bit_planes, plane_words
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_matrix
-from gmmlsh.core.ivf import FIRST_WORDS, assign, first_agreement, first_rows, kmodes
-from gmmlsh.core.search import exact_serial, row_gmm, search, select
+from gmmlsh.core.ivf import (
+    FIRST_WORDS,
+    assign,
+    assign_profiles,
+    first_agreement,
+    first_rows,
+    kmodes,
+    list_layout,
+    list_scores,
+    profile_scores,
+    profiles,
+)
+from gmmlsh.core.search import exact_serial, row_gmm, search, select, shortlist_of
 
 Z = 4.0  # standard errors
 
@@ -116,7 +129,8 @@ def test_assign_is_the_first_best_centroid_and_kmodes_finds_planted_clusters():
 
 
 def _mirror_rows(X32):
-    """(voff, vdata, norms) laid out as a search mirror keeps rows: dense and sparse rows mixed."""
+    """(voff, vdata, norms, coff, cdata) laid out as a search mirror keeps rows: dense and sparse
+    rows mixed, with their coarse copies."""
     words, offs, norms = [], [0], []
     for i in range(X32.shape[0]):
         row = X32[i]
@@ -130,7 +144,12 @@ def _mirror_rows(X32):
         offs.append(offs[-1] + w.shape[0])
         norms.append(np.abs(row.astype(np.float64)).sum())
     data = np.concatenate(words)
-    return np.array(offs, np.int64), data.view(np.int32), data.view(np.float32), np.array(norms)
+    voff, vi, vf, norms = np.array(offs, np.int64), data.view(np.int32), data.view(np.float32), np.array(norms)
+    sizes = coarse_sizes(voff, vi, 0, X32.shape[0])
+    cdata = np.empty(int(sizes.sum()), np.uint8)
+    coarse_encode(voff, vi, vf, norms, 0, X32.shape[0], cdata)
+    coff = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return voff, vi, vf, norms, coff, cdata
 
 
 def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
@@ -139,7 +158,7 @@ def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
     X[rng.random(X.shape) < 0.7] = 0
     X[:, 0] += 0.5
     X32 = X.astype(np.float32)
-    voff, vi, vf, norms = _mirror_rows(X32)
+    voff, vi, vf, norms, _, _ = _mirror_rows(X32)
     q = rng.normal(size=30)
     q[rng.random(30) < 0.5] = 0
     q[1] = 1.0
@@ -155,6 +174,132 @@ def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
     np.testing.assert_allclose(np.delete(out, [5, 7]), np.delete(want, [5, 7]), rtol=1e-12)
 
 
+def test_coarse_rows_give_gmm_within_their_quantisation():
+    """A coarse row (int8 levels of max|v|/127) gives a GMM whose error is bounded by half a
+    level per coordinate: |ΔS| ≤ Σ scale/2 over the row's stored values, so |ΔGMM| ≤ that
+    times (‖q‖₁ + ‖v‖₁) / (‖q‖₁ + ‖v‖₁ − S)²; signed, dense and sparse rows alike."""
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(60, 50)) * rng.gamma(1.0, size=(60, 1))
+    X[rng.random(X.shape) < 0.6] = 0
+    X[:, 3] += 0.5
+    X32 = X.astype(np.float32)
+    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
+    levels, head, counts = cdata.view(np.int8), cdata.view(np.float32), cdata.view(np.int32)
+    for trial in range(5):
+        q = rng.normal(size=50)
+        q[rng.random(50) < 0.4] = 0
+        q[trial] = 1.0
+        qn = float(np.abs(q).sum())
+        for r in range(60):
+            exact = gmm(q, X32[r].astype(np.float64))
+            got = coarse_gmm(q.astype(np.float32), qn, 50, coff, levels, head, counts, voff, vi, r)
+            scale = np.abs(X32[r]).max() / LEVELS
+            s = exact * (qn + norms[r]) / (1 + exact)
+            bound = np.count_nonzero(X32[r]) * scale / 2 * (qn + norms[r]) / (qn + norms[r] - s) ** 2
+            assert abs(got - exact) <= bound + 1e-5, (trial, r)
+        assert counts[coff[:-1] // 4 + 2].tolist() == [np.count_nonzero(X32[r]) if r % 2 else 50 for r in range(60)]
+
+
+def _lists(first, planes, listed, nlist, words, bits):
+    """A generation's lists over rows ``[0, listed)`` as the search kernel reads them: k-modes of
+    the first-stage rows, profiles of those lists, every row in the list of its best profile."""
+    rows = np.arange(listed)
+    P = profiles(planes, rows, assign(first[:listed], kmodes(first[:listed], nlist, seed=0)), nlist, words, bits)
+    labels = assign_profiles(planes, rows, P, words, bits)
+    order = np.argsort(labels, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=nlist))]).astype(np.int64)
+    return (P, starts, order.astype(np.uint32), list_layout(first[order], starts),
+            np.ascontiguousarray(planes[order][:, :4 * words]))
+
+
+def test_list_layout_scores_every_entry_as_its_first_stage_row():
+    rng = np.random.default_rng(12)
+    A = _codes(rng, 300, 512, 8)
+    first = first_rows(bit_planes(A, 8), plane_words(512), 8)
+    q = first[7] ^ rng.integers(0, 2**63, size=FIRST_WORDS, dtype=np.uint64)
+    starts = np.array([0, 0, 1, 64, 100, 300], np.int64)  # an empty list, odd sizes
+    L = list_layout(first, starts)
+    for c in range(5):
+        out = np.empty(starts[c + 1] - starts[c] + 1, np.uint16)
+        list_scores(L, starts[c], starts[c + 1] - starts[c], q, out)
+        want = [first_agreement(first[e], q) for e in range(starts[c], starts[c + 1])]
+        np.testing.assert_array_equal(out[:starts[c + 1] - starts[c]], want)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 8])
+def test_profiles_are_per_sample_modes_and_score_their_two_bit_agreement(bits):
+    rng = np.random.default_rng(13 + bits)
+    k, nlist = 200, 5
+    A = _codes(rng, 120, k, bits)
+    labels = rng.integers(0, nlist, 120)
+    labels[:nlist] = np.arange(nlist)
+    planes = bit_planes(A, bits)
+    words = plane_words(k)
+    P = profiles(planes, np.arange(120), labels, nlist, words, bits)
+    low = A & 3
+    q = _codes(rng, 1, k, bits)[0]
+    qp = bit_planes(q, bits)
+    got = np.empty(nlist, np.int64)
+    profile_scores(P, qp, words, bits >= 2, got)
+    for c in range(nlist):
+        mode = np.array([np.argmax(np.bincount(low[labels == c, j], minlength=4)) for j in range(k)])
+        want = int(((q & 3) == mode).sum()) + words * 64 - k  # samples past k agree on both sides
+        assert got[c] == want
+    rows = np.arange(0, 120, 3)
+    best = []
+    for r in rows:
+        profile_scores(P, planes[r], words, bits >= 2, got)
+        best.append(int(np.argmax(got)))  # the first of the best
+    np.testing.assert_array_equal(assign_profiles(planes, rows, P, words, bits), best)
+
+
+def _brute_shortlist(first, order, starts, chosen, tail, q, count):
+    """Refs and scores of every scanned entry, in scan order; the best ``count``, ties to the earliest."""
+    refs, scores = [], []
+    for c in chosen:
+        for e in range(starts[c], starts[c + 1]):
+            refs.append(e)
+            scores.append(first_agreement(first[order[e]], q))
+    for r in tail:
+        refs.append(starts[-1] + r)
+        scores.append(first_agreement(first[r], q))
+    keep = np.sort(np.lexsort((np.arange(len(scores)), -np.array(scores)))[:count])
+    return np.array(refs)[keep]
+
+
+@pytest.mark.parametrize("shortlist", [1, 17, 120, 500, 5000])
+def test_the_first_stage_keeps_the_best_of_the_probed_lists_and_the_tail(shortlist):
+    """Ties included (2-bit codes over few distinct rows tie a lot), whether the estimated cut
+    keeps enough or not, and with a tail whose size is no multiple of the group."""
+    rng = np.random.default_rng(14)
+    base = _codes(rng, 40, 256, 2)
+    A = base[rng.integers(0, 40, 1500)]
+    noisy = rng.random(A.shape) < 0.3
+    A[noisy] = rng.integers(0, 4, size=noisy.sum())
+    planes = bit_planes(A, 2)
+    words = plane_words(256)
+    first = first_rows(planes, words, 2)
+    profs, starts, lrows, lfirst, _ = _lists(first, planes, 1300, 9, words, 2)
+    order = lrows.astype(np.int64)
+    for probes in (2, 5, 9):
+        q = planes[rng.integers(0, 1500)]
+        qf = first_rows(q[None, :], words, 2)[0]
+        pscore = np.empty(9, np.int64)
+        profile_scores(profs, q, words, True, pscore)
+        chosen = np.sort(np.lexsort((np.arange(9), -pscore))[:probes])
+        refs, scanned = shortlist_of(qf, q, words, True, profs, starts, lfirst, first, 1300, 1500, probes, shortlist)
+        want = _brute_shortlist(first, order, starts, chosen, range(1300, 1500), qf, shortlist)
+        np.testing.assert_array_equal(refs, want)
+        assert scanned == sum(starts[c + 1] - starts[c] for c in chosen) + 200
+
+
+def _index_of(X32, k, nlist, listed, seed=0):
+    planes = bit_planes(bbit_codes(sketch(X32, k, seed=seed), 8, seed=seed), 8)
+    words = plane_words(k)
+    first = first_rows(planes, words, 8)
+    return planes, first, _lists(first, planes, listed, nlist, words, 8)
+
+
 def test_search_with_everything_scanned_returns_every_live_row_exactly():
     rng = np.random.default_rng(5)
     n, dim, k = 300, 24, 128
@@ -162,26 +307,54 @@ def test_search_with_everything_scanned_returns_every_live_row_exactly():
     X[rng.random(X.shape) < 0.5] = 0
     X[:, 0] += 0.1
     X32 = X.astype(np.float32)
-    voff, vi, vf, norms = _mirror_rows(X32)
-    planes = bit_planes(bbit_codes(sketch(X32, k), 8), 8)
-    first = first_rows(planes, plane_words(k), 8)
-    cents = kmodes(first[:200], 4, seed=0)
-    labels = assign(first[:200], cents)
-    order = np.argsort(labels, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=4))]).astype(np.int64)
-    lrows = order.astype(np.uint32)
+    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
+    planes, first, lists = _index_of(X32, k, 4, 200)
     alive = np.ones(n, np.uint8)
     alive[[3, 250]] = 0
     q = X[17] * 1.5
     qp = bit_planes(bbit_codes(sketch(q.astype(np.float32)[None, :], k), 8), 8)[0]
     qf = first_rows(qp[None, :], plane_words(k), 8)[0]
+    qn = float(np.abs(q).sum())
     out_rows, out_sims = np.empty(n, np.int64), np.empty(n)
-    m, scanned = search(qp, qf, plane_words(k), q, float(np.abs(q).sum()), 17, cents, starts, lrows, first[order],
-                        first, planes, 200, n, alive, voff, vi, vf, norms, 1 << 30, n, 8, n, out_rows, out_sims)
-    assert scanned == n
-    assert sorted(out_rows[:m].tolist()) == sorted(set(range(n)) - {3, 250, 17})
-    want = np.array([gmm(q, X32[r].astype(np.float64)) for r in out_rows[:m]])
-    np.testing.assert_allclose(out_sims[:m], want, rtol=1e-12)
+    live = sorted(set(range(n)) - {3, 250, 17})
+    for refine in (n, 0):
+        m, scanned, ranked = search(qp, qf, plane_words(k), True, q, qn, 17, *lists, first, planes, 200, n, alive,
+                                    coff, cdata, dim, voff, vi, vf, norms, 1 << 30, n, 4, n, refine, out_rows, out_sims)
+        assert scanned == n and ranked == (len(live) if refine else m)
+        if refine:
+            assert sorted(out_rows[:m].tolist()) == live
+            want = np.array([gmm(q, X32[r].astype(np.float64)) for r in out_rows[:m]])
+            np.testing.assert_allclose(out_sims[:m], want, rtol=1e-12)
+        else:  # unscored: every candidate, the excluded and retired rows ranked last but still there
+            assert set(live) <= set(out_rows[:m].tolist()) and not out_sims[:m].any()
+
+
+def test_search_scores_exactly_the_best_candidates_by_coarse_gmm():
+    """With ``refine`` below ``candidates``: the rows scored are the ``refine`` best of the
+    candidates by coarse GMM, and their similarities are exact."""
+    rng = np.random.default_rng(15)
+    n, dim, k = 600, 40, 256
+    X32 = (rng.gamma(0.7, size=(n, dim)) * (rng.random((n, dim)) < 0.7)).astype(np.float32)
+    X32[:, 0] += 0.2
+    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
+    planes, first, lists = _index_of(X32, k, 3, n)
+    alive = np.ones(n, np.uint8)
+    q = X32[40].astype(np.float64) * 0.9
+    qp, qf = planes[40], first[40]
+    qn = float(np.abs(q).sum())
+    rows, sims = np.empty(n, np.int64), np.empty(n)
+    m, _, _ = search(qp, qf, plane_words(k), True, q, qn, -1, *lists, first, planes, n, n, alive, coff, cdata, dim,
+                     voff, vi, vf, norms, 1 << 30, 300, 4, 100, 0, rows, sims)
+    candidates = rows[:m].copy()
+    levels, head, counts = cdata.view(np.int8), cdata.view(np.float32), cdata.view(np.int32)
+    coarse = np.array([int(4095 * coarse_gmm(q.astype(np.float32), qn, dim, coff, levels, head, counts, voff, vi, r))
+                       for r in candidates])
+    want = candidates[np.sort(np.lexsort((np.arange(m), -coarse))[:20])]
+    m2, _, ranked = search(qp, qf, plane_words(k), True, q, qn, -1, *lists, first, planes, n, n, alive, coff, cdata,
+                           dim, voff, vi, vf, norms, 1 << 30, 300, 4, 100, 20, rows, sims)
+    assert ranked == 100
+    np.testing.assert_array_equal(rows[:m2], want)
+    np.testing.assert_allclose(sims[:m2], [gmm(q, X32[r].astype(np.float64)) for r in want], rtol=1e-12)
 
 
 def test_search_finds_a_near_copy_through_a_single_probe():
@@ -189,25 +362,20 @@ def test_search_finds_a_near_copy_through_a_single_probe():
     n, dim, k = 2000, 64, 256
     X = rng.gamma(0.5, size=(n, dim))
     X32 = X.astype(np.float32)
-    voff, vi, vf, norms = _mirror_rows(X32)
-    planes = bit_planes(bbit_codes(sketch(X32, k), 8), 8)
-    first = first_rows(planes, plane_words(k), 8)
-    cents = kmodes(first, 8, seed=0)
-    labels = assign(first, cents)
-    order = np.argsort(labels, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=8))]).astype(np.int64)
+    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
+    planes, first, lists = _index_of(X32, k, 8, n)
     hits = 0
     for target in range(0, n, 97):
         q = X[target] * 1.01
         qp = bit_planes(bbit_codes(sketch(q[None, :], k), 8), 8)[0]
         qf = first_rows(qp[None, :], plane_words(k), 8)[0]
         out_rows, out_sims = np.empty(20, np.int64), np.empty(20)
-        m, scanned = search(qp, qf, plane_words(k), q, float(np.abs(q).sum()), -1, cents, starts,
-                            order.astype(np.uint32), first[order], first, planes, n, n, np.ones(n, np.uint8), voff,
-                            vi, vf, norms, 1, 50, 8, 20, out_rows, out_sims)
+        m, scanned, _ = search(qp, qf, plane_words(k), True, q, float(np.abs(q).sum()), -1, *lists, first, planes, n, n,
+                               np.ones(n, np.uint8), coff, cdata, dim, voff, vi, vf, norms, 1, 50, 4, 20, 20,
+                               out_rows, out_sims)
         assert scanned < n / 2
         hits += out_rows[:m][np.argmax(out_sims[:m])] == target
-    assert hits >= 19  # of 21: its own list is the best-agreeing centroid's almost always
+    assert hits >= 19  # of 21: its own list is the best-agreeing profile's almost always
 
 
 def test_sparse_query_buffer_equals_merge_join():
@@ -217,7 +385,7 @@ def test_sparse_query_buffer_equals_merge_join():
     X.data[::2] *= -1
     X = X + sp.csr_matrix(([1.0] * 30, (range(30), [0] * 30)), shape=(30, dim))
     X32 = X.astype(np.float32).toarray()
-    voff, vi, vf, norms = _mirror_rows(X32)
+    voff, vi, vf, norms, _, _ = _mirror_rows(X32)
     q = np.zeros(dim)
     idx = rng.choice(dim, 60, replace=False)
     q[idx] = rng.normal(size=60)

@@ -1,0 +1,97 @@
+"""Coarse copies of stored vectors: one int8 level per value, for the candidates' GMM.
+
+The last stages of a sketch search score a few hundred rows by GMM, rows from anywhere in
+an index of gigabytes: at 784 float32 dimensions each is 49 cache lines fetched from
+memory, and those fetches, not the arithmetic, are the cost. A coarse row holds each value
+as a level of ``scale = max|v| / 127`` in one byte (a quarter of the lines), with its norm
+beside it, so the candidates are ranked by a GMM a few thousandths from the exact one and
+only the best few are scored on the float32 rows (Fashion-MNIST at 1M: ranking 200
+candidates this way and scoring the best 15 exactly found the same top 10 as scoring all
+200 exactly, in a fifth of the time). Every similarity an answer reports is exact.
+
+A coarse row is ``[scale (float32), norm (float32), count (int32), levels (int8) …]``
+padded to whole words, at byte ``coff[r]`` of a data column (read as int8 levels and as
+the 32-bit words of the headers). A dense row (``count`` equal to the dimension) has one
+level per coordinate; a sparse one a level per stored value, its coordinates read from the
+row's float32 copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from gmmlsh.core.gmm import _FAST, _ratio
+
+#: Largest level: values are ``scale × level`` with ``|level| ≤ LEVELS``.
+LEVELS = 127
+#: Bytes before a row's levels: its scale and norm (float32) and its count (int32).
+HEADER = 12
+
+
+@njit(nogil=True, cache=True)
+def coarse_sizes(voff, vi, lo, hi):
+    """Bytes of the coarse rows of float32 mirror rows ``[lo, hi)`` (header and padding included)."""
+    out = np.empty(hi - lo, dtype=np.int64)
+    for r in range(lo, hi):
+        out[r - lo] = HEADER + (vi[voff[r]] + 3) // 4 * 4
+    return out
+
+
+@njit(nogil=True, cache=True)
+def coarse_encode(voff, vi, vf, norms, lo, hi, out):
+    """The coarse rows of float32 mirror rows ``[lo, hi)``, one after another, into ``out``
+    (uint8, sized by :func:`coarse_sizes`)."""
+    head = out.view(np.float32)
+    counts = out.view(np.int32)
+    levels = out.view(np.int8)
+    at = 0
+    for r in range(lo, hi):
+        off = voff[r]
+        count = vi[off]
+        start = off + 2 + (count if vi[off + 1] != 0 else 0)
+        top = 0.0
+        for i in range(count):
+            top = max(top, abs(np.float64(vf[start + i])))
+        scale = top / LEVELS if top > 0 else 1.0
+        head[at // 4] = np.float32(scale)
+        head[at // 4 + 1] = np.float32(norms[r])
+        counts[at // 4 + 2] = count
+        base = at + HEADER
+        for i in range(count):
+            levels[base + i] = np.int8(np.rint(np.float64(vf[start + i]) / scale))
+        size = HEADER + (count + 3) // 4 * 4
+        for i in range(base + count, at + size):
+            levels[i] = 0
+        at += size
+    return at
+
+
+@njit(nogil=True, cache=True, inline="always", fastmath=_FAST)
+def _min32(a, b):
+    """:func:`gmmlsh.core.gmm._same_sign_min` in float32 (16 lanes a vector instruction, not 8)."""
+    zero = np.float32(0.0)
+    return max(min(a, b), zero) - min(max(a, b), zero)
+
+
+@njit(nogil=True, cache=True, fastmath=_FAST)
+def coarse_gmm(q32, qn, dim, coff, levels, head, counts, voff, vi, r):
+    """GMM of the query (dense float32 buffer ``q32``, L1 norm ``qn``) with the coarse copy of
+    mirror row ``r`` (``levels``/``head``/``counts``: the coarse data as int8, float32 and
+    int32): within a few thousandths of the exact value, from a quarter of the bytes. In
+    float32 (measured: 2.5× faster than float64 cold, the prefetched lines arriving in time)."""
+    at = coff[r]
+    w = at // 4
+    scale = head[w]
+    count = counts[w + 2]
+    lv = levels[at + HEADER:at + HEADER + count]
+    s = np.float32(0.0)
+    if count == dim:  # dense (a sparse row holding every coordinate holds them in order)
+        for i in range(count):
+            s += _min32(q32[i], scale * np.float32(lv[i]))
+    else:
+        off = voff[r]
+        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        for p in range(count):
+            s += _min32(q32[idx[p]], scale * np.float32(lv[p]))
+    return _ratio(np.float64(s), qn, np.float64(head[w + 1]))
