@@ -48,7 +48,7 @@ _AHEAD = 8
 _LINE_WORDS = CACHE_LINE // 8  # uint64 words per cache line
 _LINE_VALUES = CACHE_LINE // 4  # float32 values per cache line
 #: Highest first-stage score (samples in a first-stage row).
-_FIRST_TOP = FIRST_WORDS // 2 * WORD
+_FIRST_TOP = FIRST_WORDS * WORD
 #: Levels a coarse GMM is cut to for choosing the rows scored exactly (a counting selection).
 _GMM_LEVELS = 4095
 

@@ -10,16 +10,28 @@ reader needs no lock: it reads the rows a published count covers. Appended rows 
 written to the file (``pwritev``), not stored through the mapping: a store into a
 mapped page the file has not written yet first faults it in, zero-filled, then copies
 over it; a write copies once.
+
+**Huge pages.** Queries read a few hundred random rows of files of gigabytes; with 4 KiB
+pages nearly every row costs a TLB miss. Linux maps a file's pages 2 MiB at a time
+(``FilePmdMapped``) where the page cache holds them as 2 MiB folios and the mapping asks
+for it (``MADV_HUGEPAGE``): ext4 and xfs on recent kernels make such folios when a write
+covers an aligned 2 MiB range whole, or when a mapping with the advice reads the file from
+disk. So appends are written in pieces cut at 2 MiB boundaries, and a file written once
+(a generation's) is dropped from the page cache and read back through such a mapping
+(:func:`refold`). Measured at a million vectors: every file mapped in 2 MiB pages made a
+query 8 % faster (the GMM stages 20 %). Where the kernel cannot, nothing changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 from gmmlsh.index.store.base import DiskFull
 
@@ -31,18 +43,38 @@ _MIN_ROWS = 1024
 _POPULATE_READ = 22
 #: Buffers one ``pwritev`` call takes at most (``IOV_MAX`` on Linux).
 _IOV_MAX = 1024
+#: The huge page size writes are cut at (x86-64 and arm64 with 4 KiB base pages).
+HUGE_PAGE = 2 << 20
 
 
 def _nbytes(buffer) -> int:
     return buffer.nbytes if isinstance(buffer, np.ndarray) else len(buffer)
 
 
+def _pieces(offset: int, buffers: list) -> list[list]:
+    """``buffers`` regrouped into the writes of :func:`_pwrite`: cut wherever the file offset
+    crosses a multiple of :data:`HUGE_PAGE` (and at most :data:`_IOV_MAX` buffers a write), so
+    that an aligned 2 MiB range covered by the data is written whole by one call."""
+    groups: list[list] = [[]]
+    room = HUGE_PAGE - offset % HUGE_PAGE
+    for buf in buffers:
+        view = memoryview(buf).cast("B")
+        while view.nbytes:
+            if room == 0 or len(groups[-1]) == _IOV_MAX:
+                groups.append([])
+                room = room or HUGE_PAGE
+            take = min(room, view.nbytes)
+            groups[-1].append(view[:take])
+            view, room = view[take:], room - take
+    return [g for g in groups if g]
+
+
 def _pwrite(path: Path, offset: int, buffers: list) -> None:
-    """Write ``buffers`` (bytes, or C-contiguous arrays) one after another at byte ``offset`` of a file."""
+    """Write ``buffers`` (bytes, or C-contiguous arrays) one after another at byte ``offset`` of
+    a file, in :func:`_pieces`."""
     fd = os.open(path, os.O_WRONLY)
     try:
-        for lo in range(0, len(buffers), _IOV_MAX):
-            group = buffers[lo:lo + _IOV_MAX]
+        for group in _pieces(offset, buffers):
             size = sum(map(_nbytes, group))
             done = os.pwritev(fd, group, offset)
             if done < size:  # a short write (a signal, a full disk): the rest in one piece
@@ -90,6 +122,35 @@ def huge_pages(mm: np.memmap) -> np.ndarray:
     """
     _advise(mm, getattr(mmap, "MADV_HUGEPAGE", None))
     return mm.view(np.ndarray)
+
+
+def refold(path: Path) -> None:
+    """Drop a finished file (one no process maps) from the page cache and read it back through
+    a mapping that asks for huge pages, so that it is cached as 2 MiB folios and every later
+    mapping of it takes 2 MiB pages (see the module docstring)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        size = os.fstat(fd).st_size
+        if size < HUGE_PAGE:
+            return
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
+            for advice in (getattr(mmap, "MADV_HUGEPAGE", None), _POPULATE_READ):
+                if advice is not None:
+                    with contextlib.suppress(OSError):
+                        mm.madvise(advice)
+    finally:
+        os.close(fd)
+
+
+def refold_tree(directory: Path) -> None:
+    """:func:`refold` every file of at least :data:`HUGE_PAGE` under ``directory`` (a mirror a
+    bulk load has just written: its appends seldom cover a 2 MiB range whole). Pages another
+    process maps stay as they are."""
+    for path in Path(directory).rglob("*"):
+        if path.is_file() and path.stat().st_size >= HUGE_PAGE:
+            refold(path)
 
 
 def populate(array) -> bool:
@@ -212,3 +273,34 @@ class Blobs:
     def get(self, n: int, row: int) -> bytes:
         offs, data = self.views(n)
         return data[offs[row]:offs[row + 1]].tobytes()
+
+
+@njit(nogil=True, cache=True)
+def _gather(offs, data, rows):
+    """The rows ``rows`` of a variable-length column, one after another, and where each ends."""
+    ends = np.empty(rows.shape[0], dtype=np.int64)
+    total = 0
+    for i in range(rows.shape[0]):
+        total += offs[rows[i] + 1] - offs[rows[i]]
+        ends[i] = total
+    out = np.empty(total, dtype=data.dtype)
+    at = 0
+    for r in rows:
+        size = offs[r + 1] - offs[r]
+        out[at:at + size] = data[offs[r]:offs[r] + size]
+        at += size
+    return out, ends
+
+
+def gather(offs: np.ndarray, data: np.ndarray, rows: list[int]) -> list[bytes]:
+    """The rows ``rows`` of an offsets/data column pair, as bytes: one compiled gather and one
+    copy to Python, not a slice and a copy per row (an answer's names and metadata, 20 rows,
+    in a third of the time)."""
+    if not rows:
+        return []
+    out, ends = _gather(offs, data, np.asarray(rows, dtype=np.int64))
+    raw, at, parts = out.tobytes(), 0, []
+    for end in ends.tolist():
+        parts.append(raw[at:end])
+        at = end
+    return parts

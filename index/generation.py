@@ -33,7 +33,7 @@ import numpy as np
 
 from gmmlsh.core.ivf import assign, assign_profiles, kmodes, list_layout, profiles
 from gmmlsh.core.postings import head_columns, postings_count, postings_fill
-from gmmlsh.index.columns import huge_pages
+from gmmlsh.index.columns import huge_pages, refold
 
 #: Rows per inverted list the profiles aim for.
 LIST_ROWS = 512
@@ -162,12 +162,8 @@ def build(directory: Path, view, previous: Generation | None, dim: int, bits: in
     post_vals.flush()
     del post_rows, post_vals
     (tmp / "meta.json").write_text(json.dumps({"number": number, "rows": rows, "clustered_rows": clustered}))
-    for f in tmp.iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    for f in tmp.iterdir():  # on disk, and cached in 2 MiB pages for the readers to come
+        refold(f)
     final = directory / name
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

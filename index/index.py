@@ -339,7 +339,7 @@ class Index:
                     view = self.mirror.publish(generation=name)
                     done["generation"] = view.generation.number
                 if self._tuning_due(view):
-                    served = self.served.take(tuner.MIN_QUERIES) if len(self.served.rows) >= tuner.MIN_QUERIES else None
+                    served = self.served.take(tuner.MAX_QUERIES) if len(self.served.rows) >= tuner.MIN_QUERIES else None
                     params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
                     self.mirror.publish(search=params, tuned_rows=view.rows, tuned_on_queries=served is not None)
                     self.last_tuning = report

@@ -43,7 +43,7 @@ import numpy as np
 from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
-from gmmlsh.index.columns import Blobs, Column, populate
+from gmmlsh.index.columns import Blobs, Column, gather, populate
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.generation import Generation
 from gmmlsh.index.records import DENSE, decode_vector
@@ -93,10 +93,10 @@ class View:
         return self.metadata_of([row])[0]
 
     def names_of(self, rows: list[int]) -> list[str]:
-        return [b.decode("utf-8") for b in _slices(*self.names, rows)]
+        return [b.decode("utf-8") for b in gather(*self.names, rows)]
 
     def metadata_of(self, rows: list[int]) -> list[bytes | None]:
-        return [b or None for b in _slices(*self.meta, rows)]
+        return [b or None for b in gather(*self.meta, rows)]
 
     @property
     def tail_start(self) -> int:
@@ -362,12 +362,6 @@ class Mirror:
     def disk_bytes(self) -> int:
         """Bytes of disk the mirror takes."""
         return sum(p.stat().st_blocks * 512 for p in self.dir.rglob("*") if p.is_file())
-
-
-def _slices(offs: np.ndarray, data: np.ndarray, rows: list[int]) -> list[bytes]:
-    """The variable-length rows ``rows`` of an offsets/data column pair, as bytes."""
-    idx = np.asarray(rows, dtype=np.int64)
-    return [data[a:b].tobytes() for a, b in zip(offs[idx].tolist(), offs[idx + 1].tolist(), strict=True)]
 
 
 def _behind(now: tuple, mirrored: list) -> bool:

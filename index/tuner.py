@@ -57,9 +57,11 @@ CONFIDENCE_Z = 1.645
 NEIGHBORS = 10
 #: Sample queries drawn from the stored vectors; the served queries that replace them as
 #: the sample once the index has served that many (more: they carry no margin, and the
-#: confidence bound narrows with their number); and the smallest index worth tuning.
+#: confidence bound narrows with their number), and the most served queries kept for it
+#: (a uniform sample of all served; every one of them is used); the smallest index worth tuning.
 QUERIES = 64
 MIN_QUERIES = 128
+MAX_QUERIES = 2 * MIN_QUERIES
 MIN_ROWS = 256
 #: Sample queries each setting that reaches the target is first timed on; the fastest few are
 #: then timed again on all of them, best of three passes.
@@ -89,7 +91,7 @@ class QuerySample:
     Holds up to ``size`` query rows at stored precision (dense or 1-row CSR); thread-safe.
     """
 
-    def __init__(self, size: int = 2 * MIN_QUERIES, seed: int = 0):
+    def __init__(self, size: int = MAX_QUERIES, seed: int = 0):
         self.size = size
         self.seen = 0
         self.rows: list = []
@@ -297,13 +299,13 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
 
     ``served``: query rows the index has served (see :class:`QuerySample`); without
     them, stored vectors are the sample (and the target is raised by :data:`STORED_MARGIN`).
-    ``queries``: the sample's size (default: :data:`QUERIES` stored vectors, or
-    :data:`MIN_QUERIES` served queries). ``target``: recall@10 the sample's lower confidence
+    ``queries``: the sample's size (default: :data:`QUERIES` stored vectors, or every
+    served query given). ``target``: recall@10 the sample's lower confidence
     bound must reach (default :data:`TARGET_RECALL`). The postings search competes where most
     rows are sparse; brute force answers instead where nothing reaches the target, or where it
     is cheaper.
     """
-    qs, source = _sample(view, config, queries or (MIN_QUERIES if served else QUERIES), seed, served)
+    qs, source = _sample(view, config, queries or (len(served) if served else QUERIES), seed, served)
     if target is None:
         target = TARGET_RECALL + (0.0 if served else STORED_MARGIN)
     truth = _truth(view, qs)  # its exact search warms the mirror's pages too

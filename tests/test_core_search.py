@@ -65,20 +65,21 @@ def test_plane_agreement_counts_equal_low_bits(k, bits):
         np.testing.assert_array_equal(got, want)
 
 
-def test_first_rows_hold_two_bit_codes_of_the_first_256_samples():
+def test_first_rows_hold_the_first_512_bits_of_the_planes():
+    """Plane 0 of 512 samples or more; with fewer samples, the next planes too (256 samples:
+    two bits of each), the rest zero on both sides (agreeing: a constant offset)."""
     rng = np.random.default_rng(1)
-    A, B = _codes(rng, 30, 512, 8), _codes(rng, 30, 512, 8)
-    B[:, :128] = A[:, :128]
-    FA = first_rows(bit_planes(A, 8), plane_words(512), 8)
-    FB = first_rows(bit_planes(B, 8), plane_words(512), 8)
-    assert FA.shape == (30, FIRST_WORDS)
-    want = ((A[:, :256] & 3) == (B[:, :256] & 3)).sum(axis=1)
-    np.testing.assert_array_equal([first_agreement(FA[i], FB[i]) for i in range(30)], want)
-    # one bit per code: plane 1 is zero on both sides, so 1-bit agreement is counted
-    F1a = first_rows(bit_planes(A & 1, 1), plane_words(512), 1)
-    F1b = first_rows(bit_planes(B & 1, 1), plane_words(512), 1)
-    np.testing.assert_array_equal([first_agreement(F1a[i], F1b[i]) for i in range(30)],
-                                  ((A[:, :256] & 1) == (B[:, :256] & 1)).sum(axis=1))
+    A, B = _codes(rng, 30, 600, 8), _codes(rng, 30, 600, 8)
+    B[:, :200] = A[:, :200]
+    for k, bits, planes_used in ((600, 8, 1), (256, 8, 2), (64, 8, 8), (64, 2, 2), (100, 1, 1)):
+        a, b = A[:, :k] & ((1 << bits) - 1), B[:, :k] & ((1 << bits) - 1)
+        FA = first_rows(bit_planes(a, bits), plane_words(k), bits)
+        FB = first_rows(bit_planes(b, bits), plane_words(k), bits)
+        assert FA.shape == (30, FIRST_WORDS)
+        used = min(k, 512 // planes_used)  # samples whose bits are in the row
+        want = sum(((a[:, :used] >> p & 1) == (b[:, :used] >> p & 1)).sum(axis=1) for p in range(planes_used))
+        want = want + 512 - used * planes_used
+        np.testing.assert_array_equal([first_agreement(FA[i], FB[i]) for i in range(30)], want, err_msg=str(k))
 
 
 def test_agreement_rate_follows_the_bbit_collision_probability(fmnist):

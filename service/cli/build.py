@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from typing import get_type_hints
@@ -103,6 +104,7 @@ def zero_based(v: str) -> bool | str:
 
 
 def run(args) -> int:
+    from gmmlsh.index.columns import refold_tree
     from gmmlsh.index.compile import kernels_cached
     from gmmlsh.index.config import CREATION_FIELDS, IndexConfig
     from gmmlsh.index.index import Index
@@ -148,6 +150,10 @@ def run(args) -> int:
         summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
                         on_invalid="skip" if args.skip_invalid else "error", log=log)
         search = index.stats()["search"]
+    mirror = index.mirror.dir
+    del index  # its mappings of the mirror's files, so that they can be read again in 2 MiB pages
+    gc.collect()
+    refold_tree(mirror)
     if args.json:
         print(json.dumps({"index": describe_location(kind, loc, prefix), **summary.to_dict(), "search": search}))
     else:

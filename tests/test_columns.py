@@ -1,0 +1,54 @@
+"""The mirror's column files: appends cut at huge-page boundaries, gathers of variable-length rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gmmlsh.index.columns import _IOV_MAX, HUGE_PAGE, Blobs, Column, _pieces, gather, refold
+
+
+@pytest.mark.parametrize("offset", [0, 1, HUGE_PAGE - 3, HUGE_PAGE, 5 * HUGE_PAGE + 12345])
+def test_writes_are_cut_at_every_huge_page_boundary_and_keep_every_byte(offset):
+    rng = np.random.default_rng(offset % 97)
+    buffers = [rng.integers(0, 255, size, dtype=np.uint8) for size in (10, HUGE_PAGE + 7, 3, 3 * HUGE_PAGE, 0, 999)]
+    buffers.append(b"tail bytes")
+    groups = _pieces(offset, buffers)
+    at = offset
+    for i, g in enumerate(groups):
+        assert 0 < len(g) <= _IOV_MAX
+        size = sum(len(v) for v in g)
+        assert at // HUGE_PAGE == (at + size - 1) // HUGE_PAGE  # no write crosses a boundary
+        if 0 < i < len(groups) - 1:  # only the first and the last may cover a huge page partly
+            assert at % HUGE_PAGE == 0 and size == HUGE_PAGE
+        at += size
+    assert b"".join(b"".join(g) for g in groups) == b"".join(bytes(memoryview(b).cast("B")) for b in buffers)
+
+
+def test_many_small_buffers_respect_the_iov_limit():
+    groups = _pieces(0, [b"x"] * (3 * _IOV_MAX + 5))
+    assert [len(g) for g in groups] == [_IOV_MAX] * 3 + [5]
+
+
+def test_columns_and_blobs_read_back_what_was_appended_across_boundaries(tmp_path):
+    col = Column(tmp_path / "c.u8", np.uint64, 3)
+    rows = np.arange(3 * 200_000, dtype=np.uint64).reshape(-1, 3)  # 4.8 MB: crosses two boundaries
+    col.write(0, rows[:1000])
+    col.write(1000, rows[1000:])
+    np.testing.assert_array_equal(col.rows(200_000), rows)
+    blobs = Blobs(tmp_path, "b")
+    parts = [bytes([i % 251]) * (i % 7) for i in range(5000)]
+    blobs.append(0, parts[:2500])
+    blobs.append(2500, parts[2500:])
+    offs, data = blobs.views(5000)
+    picked = [0, 4999, 17, 2500, 6, 6]
+    assert gather(offs, data, picked) == [parts[i] for i in picked]
+    assert gather(offs, data, []) == []
+
+
+def test_refold_keeps_a_file_whole(tmp_path):
+    path = tmp_path / "g.npy"
+    a = np.random.default_rng(3).integers(0, 2**62, size=HUGE_PAGE // 8 * 3 + 11, dtype=np.int64)
+    np.save(path, a)
+    refold(path)
+    np.testing.assert_array_equal(np.load(path, mmap_mode="r"), a)
