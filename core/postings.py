@@ -17,10 +17,15 @@ the coordinates both hold. So the sparse rows of a generation are also kept as *
   signal, is skipped. The best ``candidates`` rows by that partial similarity are then
   scored exactly.
 
-A head column stores each row's value as an int8 level (``scale`` × level, one scale for
-all columns): counts up to 127 exactly (scale 1), anything else to within half a level,
-summed in int16 — a vector instruction takes 32 rows. The levels only rank; every answer
-is an exact GMM.
+A head column stores each row's value as a level (``scale`` × level, one scale for all
+columns: 1 for counts, which are then exact): a byte a row, or, where all but a few of the
+column's levels fit in 4 bits (every word of short passages but the commonest, the few
+others saturating at 15), half a byte — two rows a byte. The pass over the head columns
+streams their bytes from memory, and that is its cost: on 200,000 passages a query's 45
+head columns take 0.18 ms where one byte a row took 0.31. The levels only rank; every
+answer is an exact GMM. Head columns are kept where every value they would hold is
+non-negative (counts, frequencies, histograms: what bag-of-words is); elsewhere the
+postings search reads postings only.
 """
 
 from __future__ import annotations
@@ -31,12 +36,20 @@ from numba import njit
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
 from gmmlsh.core.search import row_gmm
+from gmmlsh.core.select import GROUP, choose
 
-#: A coordinate held by at least this share of the sparse rows gets a head column (one byte a
-#: row, read in sequence, against 8 bytes a posting and a random update).
+#: A coordinate held by at least this share of the sparse rows gets a head column (half a byte
+#: a row, read in sequence, against 8 bytes a posting and a random update).
 HEAD_SHARE = 1 / 16
 #: Most head columns a generation keeps (the commonest coordinates).
 HEAD_MAX = 256
+#: Highest level of a head column of bytes, and of one packed two rows a byte.
+BYTE_LEVELS = 255
+NIBBLE_LEVELS = 15
+#: A head column is packed where at most this share of its values pass NIBBLE_LEVELS (they
+#: saturate there). Word counts of 200-word passages: only "the", "of", "and" and "to" pass 15
+#: more often; a column of bytes for every word that ever does took a third of the pass.
+SATURATED_SHARE = 1 / 256
 #: Levels of partial similarity the candidates are ranked on (a counting selection, no sort).
 _LEVELS = 4096
 
@@ -103,140 +116,206 @@ def exact_postings(qbuf, qidx, qn, exclude, alive, norms, post_starts, post_rows
 
 
 def head_columns(post_starts: np.ndarray, post_rows: np.ndarray, post_vals: np.ndarray, rows: int,
-                 sparse_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 sparse_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The head columns of postings over ``rows`` mirror rows (``sparse_rows`` of them sparse):
-    ``(slot, columns, scale)`` — ``slot`` (dim,) int32, a coordinate's column or −1;
-    ``columns`` (heads, rows) int8 levels; ``scale`` (1,) float32, the value of one level
-    (1 where every head value is a count up to 127: then the levels are exact)."""
+    ``(slot, bytes, nibbles, scale)`` — ``slot`` (dim,) int32, a coordinate's column or −1: a
+    column below the number of byte columns is a row of ``bytes`` ((columns, rows) uint8
+    levels), any other a row of ``nibbles`` ((columns, ⌈rows/2⌉) uint8: the 4-bit levels of
+    rows 2i in the low half of byte i, 2i + 1 in the high half); ``scale`` (1,) float32, the
+    value of one level (1 where every head value is a count: then levels are exact up to
+    255). No head columns where a head value is negative."""
     held = np.diff(post_starts)
     coords = np.flatnonzero(held >= max(1.0, HEAD_SHARE * sparse_rows))
     coords = coords[np.argsort(-held[coords], kind="stable")][:HEAD_MAX]
-    slot = np.full(held.shape[0], -1, dtype=np.int32)
-    slot[coords] = np.arange(coords.shape[0], dtype=np.int32)
     spans = [(int(post_starts[c]), int(post_starts[c + 1])) for c in coords.tolist()]
     top, counts = 0.0, True
     for lo, hi in spans:
         vals = np.asarray(post_vals[lo:hi])
-        top = max(top, float(np.abs(vals).max()))
+        if vals.min() < 0:
+            coords, spans = coords[:0], []
+            break
+        top = max(top, float(vals.max()))
         counts = counts and bool(np.array_equal(vals, np.rint(vals)))
-    scale = np.float32(1.0 if counts and top <= 127 else top / 127)
-    columns = np.zeros((coords.shape[0], rows), dtype=np.int8)
-    for j, (lo, hi) in enumerate(spans):
-        columns[j, post_rows[lo:hi]] = np.rint(np.asarray(post_vals[lo:hi]) / scale).astype(np.int8)
-    return slot, columns, np.array([scale], dtype=np.float32)
+    scale = np.float32(1.0 if counts or top == 0 else top / BYTE_LEVELS)
+    levels = [np.minimum(BYTE_LEVELS, np.rint(np.asarray(post_vals[lo:hi]) / scale)).astype(np.uint8)
+              for lo, hi in spans]
+    small = [bool((lv > NIBBLE_LEVELS).mean() <= SATURATED_SHARE) for lv in levels]
+    order = [j for j in range(len(spans)) if not small[j]] + [j for j in range(len(spans)) if small[j]]
+    kb = len(spans) - sum(small)
+    slot = np.full(held.shape[0], -1, dtype=np.int32)
+    slot[coords[order]] = np.arange(len(order), dtype=np.int32)
+    byte_cols = np.zeros((kb, rows), dtype=np.uint8)
+    nibble_cols = np.zeros((len(order) - kb, (rows + 1) // 2), dtype=np.uint8)
+    for at, j in enumerate(order):
+        r = np.asarray(post_rows[spans[j][0]:spans[j][1]], dtype=np.int64)
+        if at < kb:
+            byte_cols[at, r] = levels[j]
+        else:
+            level = np.minimum(levels[j], NIBBLE_LEVELS)
+            np.bitwise_or.at(nibble_cols[at - kb], r // 2, level << (4 * (r % 2)).astype(np.uint8))
+    return slot, byte_cols, nibble_cols, np.array([scale], dtype=np.float32)
 
 
 @njit(nogil=True, cache=True)
-def _head_add(acc, column, level):
-    """``acc[r] += same-sign min(level, column[r])`` for every row of a block, in int16 levels
-    (at most :data:`HEAD_MAX` × 127: no overflow): one vectorised pass."""
-    zero = np.int16(0)
-    if level > 0:
-        for r in range(acc.shape[0]):
-            acc[r] += max(zero, min(level, np.int16(column[r])))
-    else:
-        for r in range(acc.shape[0]):
-            acc[r] += max(zero, min(-level, -np.int16(column[r])))
+def _byte_add(acc, column, level):
+    """``acc[r] += min(level, column[r])`` for every row of a block (int16: one vectorised pass)."""
+    lv = np.int16(level)
+    for r in range(acc.shape[0]):
+        acc[r] += min(lv, np.int16(column[r]))
+
+
+@njit(nogil=True, cache=True)
+def _nibble_add(even, odd, packed, level):
+    """``min(level, v)`` of every row of a block's packed head column into the uint8 counters of
+    its even (low halves) and odd (high halves) rows: one vectorised pass, 128 rows a vector
+    instruction (the caller flushes the counters into int16 before they could pass 255)."""
+    lv = np.uint8(level)
+    low = np.uint8(NIBBLE_LEVELS)
+    for i in range(packed.shape[0]):
+        b = packed[i]
+        even[i] += min(lv, np.uint8(b & low))
+        odd[i] += min(lv, np.uint8(b >> np.uint8(4)))
+
+
+@njit(nogil=True, cache=True)
+def _flush(acc, even, odd):
+    """``acc`` (rows of the block in order) ``+=`` the counters of its even and odd rows, which
+    are zero again after."""
+    for i in range(even.shape[0]):
+        acc[2 * i] += np.int16(even[i])
+        acc[2 * i + 1] += np.int16(odd[i])
+        even[i] = 0
+        odd[i] = 0
 
 
 @njit(nogil=True, cache=True, fastmath=_FAST, error_model="numpy")
-def _block_levels(head, rare, scale, qn, norms, out):
+def _block_levels(head, rare, scale, qn, norms, alive, out):
     """Partial similarity ``a / (‖q‖₁ + ‖v‖₁ − a)`` (``a``: head and rare sums) of a block of
-    rows as levels in ``[0, _LEVELS)``; ``rare`` zero again on exit. A vectorised pass: the
-    numpy error model drops the division-by-zero check that would keep it scalar (the
-    denominator is at least ‖q‖₁ > 0)."""
+    rows as levels in ``[0, _LEVELS)``, 0 for a retired row. A vectorised pass: the numpy error
+    model drops the division-by-zero check that would keep it scalar (the denominator is at
+    least ‖q‖₁ > 0)."""
     top = np.float32(_LEVELS - 1)
     q = np.float32(qn)
     for i in range(head.shape[0]):
         a = np.float32(head[i]) * scale + rare[i]
-        out[i] = np.int16(np.int32(top * a / (q + np.float32(norms[i]) - a)))
-    rare[:] = 0
+        out[i] = np.uint16(np.int32(top * a / (q + norms[i] - a)) * np.int32(alive[i] != 0))
 
 
-@njit(nogil=True, cache=True)
-def _keep_best(rows, levels, m, count):
-    """Keep the ``count`` best of the first ``m`` entries (ties to the earliest), in order, at
-    the front; returns (the lowest level kept, how many were kept)."""
-    hist = np.zeros(_LEVELS, dtype=np.int64)
-    for i in range(m):
-        hist[levels[i]] += 1
-    cut, taken = _LEVELS - 1, 0
-    while cut > 0 and taken + hist[cut] < count:
-        taken += hist[cut]
-        cut -= 1
-    room, k = count - taken, 0
-    for i in range(m):
-        level = levels[i]
-        if level > cut or (level == cut and room > 0):
-            room -= level == cut
-            rows[k] = rows[i]
-            levels[k] = level
-            k += 1
-    return cut, k
-
-
-#: Rows whose head sums are kept at a time (in the core's first-level cache).
-_BLOCK = 8192
+#: Rows whose sums are kept at a time (in the core's second-level cache; even).
+_BLOCK = 32768
 #: Cache lines of each head column's next block asked for ahead; candidate rows prefetched ahead.
 _PREFETCH_LINES = 4
 _AHEAD = 8
 
 
 @njit(nogil=True, cache=True)
-def postings_search(qbuf, qidx, qn, exclude, alive, norms, post_starts, post_rows, post_vals, head_slot, head_cols,
-                    head_scale, rows, rare_rows, candidates, voff, vi, vf, rare, out_rows, out_sims):
+def _head_block(acc, even, odd, head_bytes, head_nibbles, heads, marks, nb, lo, size):
+    """The head columns' sums of rows ``[lo, lo + size)`` (``lo`` even) into ``acc`` (int16, at
+    least ``size`` rounded up to even): the query's first ``nb`` heads are byte columns, the
+    rest packed ones, summed through the uint8 counters ``even``/``odd`` while their levels allow."""
+    for i in range(nb):
+        _byte_add(acc[:size], head_bytes[heads[i], lo:lo + size], marks[i])
+        if lo + size < head_bytes.shape[1]:  # the next block's start of this column: its stream begins in cache
+            for line in range(_PREFETCH_LINES):
+                prefetch(head_bytes, heads[i], lo + size + line * CACHE_LINE)
+    half = (size + 1) // 2
+    at = lo // 2
+    held = 0  # the most the uint8 counters can hold now
+    for i in range(nb, heads.shape[0]):
+        if held + marks[i] > 255:
+            _flush(acc[:2 * half], even[:half], odd[:half])
+            held = 0
+        _nibble_add(even[:half], odd[:half], head_nibbles[heads[i], at:at + half], marks[i])
+        held += marks[i]
+        if at + half < head_nibbles.shape[1]:
+            for line in range(_PREFETCH_LINES):
+                prefetch(head_nibbles, heads[i], at + half + line * CACHE_LINE)
+    if held:
+        _flush(acc[:2 * half], even[:half], odd[:half])
+
+
+@njit(nogil=True, cache=True)
+def _rare_block(rare, lo, hi, qvals, cursor, ends, post_rows, post_vals):
+    """Add the rare terms' postings of rows ``[lo, hi)`` into ``rare`` (the block's sums),
+    advancing each term's cursor: postings are in row order, so every term is read once, in
+    order, and its updates stay in the block's slice of the cache."""
+    for j in range(cursor.shape[0]):
+        p, qv = cursor[j], qvals[j]
+        while p < ends[j] and post_rows[p] < hi:
+            rare[post_rows[p] - lo] += np.float32(_same_sign_min(qv, np.float64(post_vals[p])))
+            p += 1
+        cursor[j] = p
+
+
+@njit(nogil=True, cache=True)
+def postings_search(qbuf, qidx, qn, exclude, alive, norms, norms32, post_starts, post_rows, post_vals, head_slot,
+                    head_bytes, head_nibbles, head_scale, rows, rare_rows, candidates, voff, vi, vf, levels, out_rows,
+                    out_sims):
     """One query against the sparse rows of a generation (mirror rows ``[0, rows)``): partial
     similarity from the head columns and the rare postings, then exact GMM of the best
     ``candidates`` (live, not ``exclude``) into the outputs. Returns how many were written.
 
     ``qbuf``: the query, dense float64 of the full dimension; ``qidx``: its nonzero
-    coordinates; ``rare`` (float32, one slot per row): zero on entry and on exit. The head
-    columns are summed block by block of rows, the sums never leaving the cache, and each
-    block's best rows join a running selection (the best ``candidates`` so far and those
-    above the lowest of them), so no pass over all rows follows."""
+    coordinates; ``norms32``: the rows' norms in float32 (what ranking needs, half the bytes of
+    ``norms``, which the exact scores read); ``levels``: uint16 scratch of at least ``rows`` rounded up to a group.
+    Rows are taken a block at a time, so that every sum stays in the cache: the head columns
+    summed into the block's counters (in uint8 while the query's levels allow, then in int16),
+    the rare terms' postings of the block added, and each row's partial similarity cut to a
+    level; the best ``candidates`` levels are then chosen (:func:`gmmlsh.core.select.choose`)."""
     scale = head_scale[0]
+    kb = head_bytes.shape[0]
     heads = np.empty(qidx.shape[0], dtype=np.int64)
-    marks = np.empty(qidx.shape[0], dtype=np.int16)
-    h = 0
+    marks = np.empty(qidx.shape[0], dtype=np.int64)
+    cursor = np.empty(qidx.shape[0], dtype=np.int64)
+    ends = np.empty(qidx.shape[0], dtype=np.int64)
+    qvals = np.empty(qidx.shape[0], dtype=np.float64)
+    nb = nn = nr = 0  # byte heads at the front of heads/marks, packed ones from the back
     for t in qidx:
         qv = qbuf[t]
         j = head_slot[t]
-        if j >= 0:
-            heads[h] = j
-            marks[h] = np.int16(max(-127.0, min(127.0, np.rint(qv / scale))))
-            h += 1
+        if j >= 0:  # a head column's values are non-negative: a negative query value shares nothing
+            level = min(float(BYTE_LEVELS), np.rint(qv / scale))
+            if level < 1:
+                continue
+            if j < kb:
+                heads[nb], marks[nb] = j, np.int64(level)
+                nb += 1
+            else:  # a packed column's levels stop at NIBBLE_LEVELS: the same min below it
+                nn += 1
+                heads[qidx.shape[0] - nn], marks[qidx.shape[0] - nn] = j - kb, min(NIBBLE_LEVELS, np.int64(level))
         elif post_starts[t + 1] - post_starts[t] <= rare_rows:
-            for p in range(post_starts[t], post_starts[t + 1]):
-                rare[post_rows[p]] += _same_sign_min(qv, np.float64(post_vals[p]))
+            cursor[nr], ends[nr], qvals[nr] = post_starts[t], post_starts[t + 1], qv
+            nr += 1
+    heads[nb:nb + nn] = heads[qidx.shape[0] - nn:]
+    marks[nb:nb + nn] = marks[qidx.shape[0] - nn:]
+    heads, marks = heads[:nb + nn], marks[:nb + nn]
+    cursor, ends, qvals = cursor[:nr], ends[:nr], qvals[:nr]
     block = np.zeros(_BLOCK, dtype=np.int16)
-    block_levels = np.empty(_BLOCK, dtype=np.int16)
-    kept = np.empty(3 * candidates + _BLOCK, dtype=np.int64)
-    kept_levels = np.empty(3 * candidates + _BLOCK, dtype=np.int16)
-    m, floor = 0, 0  # rows kept so far; a row joins when its level is above ``floor``
+    even, odd = np.zeros(_BLOCK // 2, dtype=np.uint8), np.zeros(_BLOCK // 2, dtype=np.uint8)
+    rare = np.zeros(_BLOCK, dtype=np.float32)
+    padded = (rows + GROUP - 1) // GROUP * GROUP
+    levels[rows:padded] = 0
     for lo in range(0, rows, _BLOCK):
         size = min(_BLOCK, rows - lo)
-        acc = block[:size]
-        acc[:] = 0
-        for i in range(h):
-            _head_add(acc, head_cols[heads[i], lo:lo + size], marks[i])
-            if lo + _BLOCK < rows:  # the next block's start of this column: its stream begins in cache
-                for line in range(_PREFETCH_LINES):
-                    prefetch(head_cols, heads[i], lo + _BLOCK + line * CACHE_LINE)
-        _block_levels(acc, rare[lo:lo + size], scale, qn, norms[lo:lo + size], block_levels)
-        for i in range(size):
-            if block_levels[i] > floor:
-                kept[m] = lo + i
-                kept_levels[m] = block_levels[i]
-                m += 1
-        if m > 2 * candidates:
-            floor, m = _keep_best(kept, kept_levels, m, candidates)
-    m = _keep_best(kept, kept_levels, m, candidates)[1]
+        block[:] = 0
+        rare[:size] = 0
+        _head_block(block, even, odd, head_bytes, head_nibbles, heads, marks, nb, lo, size)
+        _rare_block(rare[:size], lo, lo + size, qvals, cursor, ends, post_rows, post_vals)
+        _block_levels(block[:size], rare[:size], scale, qn, norms32[lo:lo + size], alive[lo:lo + size],
+                      levels[lo:lo + size])
+    if 0 <= exclude < rows:
+        levels[exclude] = 0
+    spans = np.array([[0, 0, rows], [padded, 0, 0]], dtype=np.int64)
+    kept = choose(levels, spans, candidates, _LEVELS - 1)
+    m = kept.shape[0]
     found = 0
     for i in range(m):
-        if i + _AHEAD < m:  # candidate rows are random: ask for one a few rows ahead
-            prefetch_flat(vi, voff[kept[i + _AHEAD]])
+        if i + _AHEAD < m:  # candidate rows are random: ask for one's lines a few rows ahead
+            ahead = kept[i + _AHEAD]
+            for w in range(voff[ahead], voff[ahead + 1], CACHE_LINE // 4):
+                prefetch_flat(vi, w)
         r = kept[i]
-        if alive[r] and r != exclude:
+        if alive[r] and r != exclude:  # a retired row or the query's own scored 0: chosen only when few rows score
             out_rows[found] = r
             out_sims[found] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
             found += 1

@@ -41,6 +41,7 @@ from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, popcount, prefetch, prefetch_flat
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement, list_scores, profile_scores
 from gmmlsh.core.parallel import twin_kernels
+from gmmlsh.core.select import GROUP, choose, select
 
 #: Rows the rank and GMM passes ask for ahead of the one they score (each is a random row:
 #: a full memory latency unless requested early).
@@ -77,114 +78,6 @@ def row_gmm(qbuf, qn, voff, vi, vf, norms, r):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _cut(hist, count):
-    """The lowest score kept when taking the ``count`` best of a histogram of scores, and
-    how many entries scoring exactly that are taken (ties go to the earliest)."""
-    cut = hist.shape[0] - 1
-    taken = 0
-    while cut > 0 and taken + hist[cut] < count:
-        taken += hist[cut]
-        cut -= 1
-    return cut, count - taken
-
-
-@njit(nogil=True, cache=True)
-def select(ids, scores, m, count, top):
-    """The ``count`` entries of ``ids[:m]`` with the highest ``scores`` (integers in
-    ``[0, top]``), in their original order; ties at the cut go to the earliest.
-
-    A counting pass over the small integer scores: no sort of ``m`` values.
-    """
-    if count >= m:
-        return ids[:m].copy()
-    hist = np.zeros(top + 1, dtype=np.int64)
-    for t in range(m):
-        hist[scores[t]] += 1
-    cut, room = _cut(hist, count)
-    out = np.empty(count, dtype=ids.dtype)
-    k = 0
-    for t in range(m):
-        s = scores[t]
-        if s > cut or (s == cut and room > 0):
-            room -= s == cut
-            out[k] = ids[t]
-            k += 1
-    return out[:k]
-
-
-@njit(nogil=True, cache=True)
-def _keep_best(refs, scores, m, count):
-    """Keep the ``count`` best of the first ``m`` entries at the front, in order (ties to the
-    earliest); returns (the lowest score kept, how many were kept)."""
-    hist = np.zeros(_FIRST_TOP + 1, dtype=np.int64)
-    for i in range(m):
-        hist[scores[i]] += 1
-    cut, room = _cut(hist, count)
-    k = 0
-    for i in range(m):
-        s = scores[i]
-        if s > cut or (s == cut and room > 0):
-            room -= s == cut
-            refs[k] = refs[i]
-            scores[k] = s
-            k += 1
-    return cut, k
-
-
-#: Entries compared with the cut at a time (their best first: most groups hold none above it).
-_GROUP = 16
-#: Every this many scores is read for the histogram that estimates the shortlist's cut.
-_STRIDE = 4
-
-
-@njit(nogil=True, cache=True)
-def _estimated_cut(scores, m, count):
-    """A score below the cut of the ``count`` best of ``scores[:m]``, most likely, read from
-    every :data:`_STRIDE`-th score: the cut of a sample, taken for 1.5 times ``count`` and one
-    lower — a margin of several sample standard deviations. Choosing from a histogram of every
-    score cost more than scoring them (measured: a selection of 1,000 of 20,000 took 3× the
-    vectorised scoring)."""
-    hist = np.zeros(_FIRST_TOP + 1, dtype=np.int64)
-    for i in range(0, m, _STRIDE):
-        hist[scores[i]] += 1
-    cut = _cut(hist, (3 * count) // (2 * _STRIDE) + 1)[0]
-    return max(0, cut - 1)
-
-
-#: The top bit of each 16-bit lane of a word.
-_LANE_TOPS = np.uint64(0x8000800080008000)
-
-
-@njit(nogil=True, cache=True)
-def _gather_above(scores, spans, cut, refs, kept):
-    """Refs and scores of every scored entry at or above ``cut`` (``spans``: per scored run, its
-    first position in ``scores`` — a multiple of :data:`_GROUP` — and its first ref), in order;
-    returns how many, or −1 when they do not fit in ``refs``.
-
-    A group of 16 scores is tested at once, as 4 words: adding ``0x8000 − cut`` to each 16-bit
-    lane sets the lane's top bit exactly when its score (< 0x8000) is at least ``cut``, and
-    no lane carries into the next."""
-    words = scores.view(np.uint64)
-    lift = np.uint64(0x8000 - cut) * np.uint64(0x0001000100010001)
-    m = 0
-    room = refs.shape[0] - _GROUP
-    for j in range(spans.shape[0] - 1):
-        at, ref0 = spans[j, 0], spans[j, 1]
-        size = spans[j, 2]
-        for g0 in range(0, size, _GROUP):
-            w = (at + g0) // 4
-            if ((words[w] + lift) | (words[w + 1] + lift) | (words[w + 2] + lift) | (words[w + 3] + lift)) & _LANE_TOPS:
-                for e in range(g0, min(size, g0 + _GROUP)):  # no branch per entry: written always, kept if above
-                    s = np.int64(scores[at + e])
-                    refs[m] = ref0 + e
-                    kept[m] = s
-                    m += s >= cut
-                if m > room:
-                    return -1
-    return m
-
-
-@njit(nogil=True, cache=True, inline="always")
 def _agree(a, b, words, planes):
     """Samples on which the low ``planes`` (1–4) bits of two plane rows agree: each plane
     count written out, so that the loop over words vectorises."""
@@ -213,9 +106,7 @@ def shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, t
     number of list entries is an entry, any other is ``entries + row`` (a tail row).
 
     Every entry is scored first (a vectorised pass over the lists, as fast as memory streams
-    them); the cut is then estimated from a sample of the scores, the entries at or above it
-    gathered, and the shortlist chosen exactly among those (the whole selection again, lower,
-    in the rare case the estimate keeps too few)."""
+    them), then the shortlist chosen (:func:`gmmlsh.core.select.choose`)."""
     nlist = starts.shape[0] - 1
     entries = starts[nlist]
     chosen = np.arange(nlist)
@@ -223,10 +114,10 @@ def shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, t
         pscore = np.empty(nlist, dtype=np.int64)
         profile_scores(profiles, qp, words, two, pscore)
         chosen = select(chosen, pscore, nlist, probes, words * WORD)
-    # Each run of scores (a list, then the tail) starts at a multiple of _GROUP, zeros between.
-    total = (tail_hi - tail_lo + _GROUP - 1) // _GROUP * _GROUP + _GROUP
+    # Each run of scores (a list, then the tail) starts at a multiple of GROUP, zeros between.
+    total = (tail_hi - tail_lo + GROUP - 1) // GROUP * GROUP + GROUP
     for c in chosen:
-        total += (starts[c + 1] - starts[c] + _GROUP - 1) // _GROUP * _GROUP
+        total += (starts[c + 1] - starts[c] + GROUP - 1) // GROUP * GROUP
     scores = np.empty(total, dtype=np.uint16)
     spans = np.empty((chosen.shape[0] + 2, 3), dtype=np.int64)  # per run: first position, first ref, size
     at = 0
@@ -235,29 +126,17 @@ def shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, t
         size = starts[c + 1] - starts[c]
         spans[j, 0], spans[j, 1], spans[j, 2] = at, starts[c], size
         list_scores(lfirst, starts[c], size, qf, scores[at:])
-        end = (at + size + _GROUP - 1) // _GROUP * _GROUP
+        end = (at + size + GROUP - 1) // GROUP * GROUP
         scores[at + size:end] = 0
         at = end
     j = chosen.shape[0]
     spans[j, 0], spans[j, 1], spans[j, 2] = at, entries + tail_lo, tail_hi - tail_lo
     for r in range(tail_lo, tail_hi):
         scores[at + r - tail_lo] = first_agreement(first[r], qf)
-    end = (at + tail_hi - tail_lo + _GROUP - 1) // _GROUP * _GROUP
+    end = (at + tail_hi - tail_lo + GROUP - 1) // GROUP * GROUP
     scores[at + tail_hi - tail_lo:end] = 0
     spans[j + 1, 0], spans[j + 1, 1], spans[j + 1, 2] = end, 0, 0
-    m = end
-    scanned = spans[:, 2].sum()
-    cut = _estimated_cut(scores, m, shortlist) if scanned > shortlist else 0
-    room = min(scanned, 4 * shortlist) + 2 * _GROUP
-    refs = np.empty(room, dtype=np.int64)
-    kept = np.empty(room, dtype=np.int64)
-    found = _gather_above(scores, spans, cut, refs, kept)
-    if found < shortlist and cut > 0 or found < 0:  # the estimate kept too few, or too many: every entry
-        refs = np.empty(m + _GROUP, dtype=np.int64)
-        kept = np.empty(m + _GROUP, dtype=np.int64)
-        found = _gather_above(scores, spans, 0, refs, kept)
-    found = _keep_best(refs, kept, found, shortlist)[1]
-    return refs[:found], scanned
+    return choose(scores, spans, shortlist, _FIRST_TOP), spans[:, 2].sum()
 
 
 @njit(nogil=True, cache=True)

@@ -87,6 +87,35 @@ def dense_float32_or_none(values, dim: int) -> np.ndarray | None:
     return out if _round_to_float32(values, out) else None
 
 
+@njit(nogil=True, cache=True)
+def _sparse_to_float32(idx, val, dim, out_idx, out_val):
+    """Copy a sparse vector as int32 indices and float32 values; True when its indices are in
+    range and strictly increasing and every value stays finite and nonzero in float32."""
+    last = -1
+    for p in range(idx.shape[0]):
+        i = np.int64(idx[p])
+        y = np.float32(val[p])
+        if i <= last or i >= dim or not np.isfinite(y) or y == 0:
+            return False
+        out_idx[p] = np.int32(i)
+        out_val[p] = y
+        last = i
+    return idx.shape[0] > 0
+
+
+def sparse_float32_or_none(indices, values, dim: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """A valid sparse query as (int32 indices, float32 values) in one compiled pass, or None.
+
+    The fast path of the common sparse query (integer indices, sorted, no stored zeros):
+    validating it through scipy costs ~40 µs, a quarter of a text query's Python time. None
+    means "not clearly valid": the caller runs the full checks, which name the problem."""
+    if not (isinstance(indices, np.ndarray) and isinstance(values, np.ndarray) and indices.ndim == values.ndim == 1
+            and indices.shape == values.shape and indices.dtype.kind in "iu" and values.dtype.kind == "f"):
+        return None
+    out_idx, out_val = np.empty(indices.shape[0], np.int32), np.empty(indices.shape[0], np.float32)
+    return (out_idx, out_val) if _sparse_to_float32(indices, values, dim, out_idx, out_val) else None
+
+
 def check_sparse(indices, values, dim: int | None, field: str = "indices") -> tuple[np.ndarray, np.ndarray]:
     """Validate one sparse vector; returns (int64 indices, float64 values)."""
     try:

@@ -44,7 +44,7 @@ TAIL_MAX = 16384
 #: Bit planes of each listed row's sketch kept in list order: the rank pass ranks on at most these.
 RANK_PLANES = 4
 _ARRAYS = ("profiles", "starts", "lrows", "lfirst", "lplanes", "post_starts", "post_rows", "post_vals",
-           "dense_rows", "head_slot", "head_cols", "head_scale")
+           "dense_rows", "head_slot", "head_bytes", "head_nibbles", "head_scale", "norms32")
 #: Listed rows copied into the list-order files at a time (the build's memory stays bounded).
 _COPY_ROWS = 1 << 16
 #: Rows of the k-modes sample per list (capped by :data:`SAMPLE_MAX`).
@@ -69,14 +69,16 @@ class Generation:
     post_vals: np.ndarray  # (postings,) float32: their values there
     dense_rows: np.ndarray  # (dense rows,) uint32: the live dense rows
     head_slot: np.ndarray  # (dim,) int32: a coordinate's head column, or -1 (see core.postings)
-    head_cols: np.ndarray  # (heads, rows) int8: the commonest coordinates' values, row by row
-    head_scale: np.ndarray  # (heads,) float32: the value of one level of each head column
+    head_bytes: np.ndarray  # (columns, rows) uint8: levels of the commonest coordinates, a byte a row
+    head_nibbles: np.ndarray  # (columns, ⌈rows/2⌉) uint8: those whose levels fit in 4 bits, two rows a byte
+    head_scale: np.ndarray  # (1,) float32: the value of one level
+    norms32: np.ndarray  # (rows,) float32 where there are postings: the rows' L1 norms, as the postings search ranks
 
     @property
     def postings_search(self) -> bool:
         """Whether the postings search applies: most of the generation's rows are sparse
         (text), so it has head columns."""
-        return self.head_cols.shape[0] > 0
+        return self.head_bytes.shape[0] + self.head_nibbles.shape[0] > 0
 
     @property
     def lists(self) -> int:
@@ -154,9 +156,11 @@ def build(directory: Path, view, previous: Generation | None, dim: int, bits: in
         postings_fill(view.voff, view.vi, view.vf, sparse_rows, post_starts, post_rows, post_vals)
     heads = (head_columns(post_starts, post_rows, post_vals, rows, sparse_rows.shape[0])
              if 2 * sparse_rows.shape[0] > live.shape[0] else
-             (np.full(dim, -1, np.int32), np.zeros((0, rows), np.int8), np.zeros(0, np.float32)))
-    for key, value in zip(("head_slot", "head_cols", "head_scale"), heads, strict=True):
+             (np.full(dim, -1, np.int32), np.zeros((0, rows), np.uint8), np.zeros((0, (rows + 1) // 2), np.uint8),
+              np.ones(1, np.float32)))
+    for key, value in zip(("head_slot", "head_bytes", "head_nibbles", "head_scale"), heads, strict=True):
         np.save(tmp / f"{key}.npy", value)
+    np.save(tmp / "norms32.npy", view.norms[:rows].astype(np.float32) if post_starts[-1] else np.zeros(0, np.float32))
     del heads
     post_rows.flush()
     post_vals.flush()

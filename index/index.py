@@ -222,7 +222,7 @@ class Index:
         flt = as_filter(filter)
         X32 = query_rows(vector, self.config.dim) if vector is not None else None
         if X32 is not None:
-            self.served.add(X32)
+            self.served.add(X32, own=True)
         if id is not None:
             check_id(id)
         view = self.view()

@@ -43,7 +43,7 @@ import numpy as np
 from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
-from gmmlsh.index.columns import Blobs, Column, gather, populate
+from gmmlsh.index.columns import Blobs, Column, gather, gather_two, populate
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.generation import Generation
 from gmmlsh.index.records import DENSE, decode_vector
@@ -97,6 +97,11 @@ class View:
 
     def metadata_of(self, rows: list[int]) -> list[bytes | None]:
         return [b or None for b in gather(*self.meta, rows)]
+
+    def names_and_metadata(self, rows: list[int]) -> tuple[list[str], list[bytes | None]]:
+        """:meth:`names_of` and :meth:`metadata_of` in one pass (an answer needs both)."""
+        names, metas = gather_two(self.names, self.meta, rows)
+        return [b.decode("utf-8") for b in names], [b or None for b in metas]
 
     @property
     def tail_start(self) -> int:
@@ -354,7 +359,8 @@ class Mirror:
         hot = [view.alive, view.norms, view.planes, view.first, view.voff, view.vf, view.coff, view.cdata]
         if view.generation is not None:
             g = view.generation
-            hot += [g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes]
+            hot += [g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes, g.head_bytes, g.head_nibbles, g.norms32,
+                    g.post_starts, g.post_rows, g.post_vals]
         for array in hot:
             populate(array)
         return time.perf_counter() - t0

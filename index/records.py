@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -34,6 +35,7 @@ from gmmlsh.core.validate import (
     check_sparse,
     dense_float32_or_none,
     first_bad_row,
+    sparse_float32_or_none,
 )
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.store.base import MAX_ID_BYTES, RecordBatch
@@ -100,12 +102,39 @@ def as_stored(X, dim: int, field: str = "vectors"):
     return X32
 
 
+class SparseRow(NamedTuple):
+    """One validated sparse vector at stored precision (int32 indices, sorted; float32 values,
+    nonzero), standing for a 1-row CSR batch where a query needs no more: building the CSR
+    matrix cost more than the rest of a text query's preparation."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    dim: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return 1, self.dim
+
+    def csr(self) -> sp.csr_matrix:
+        return sp.csr_matrix((self.values, self.indices, np.array([0, self.indices.shape[0]], np.int32)),
+                             shape=(1, self.dim))
+
+
 def query_rows(vector, dim: int):
     """One query vector — dense, ``(indices, values)`` or a 1-row CSR — validated and at stored
-    precision, as a 1-row batch. A clean 1-D float array takes one compiled pass."""
+    precision, as a 1-row batch of its own (new arrays): dense (1, dim), a CSR matrix, or a
+    :class:`SparseRow`. A clean 1-D float array, or clean sparse arrays, take one compiled pass."""
     fast = dense_float32_or_none(vector, dim)
     if fast is not None:
         return fast[None, :]
+    if isinstance(vector, tuple) and len(vector) == 2:
+        pair = sparse_float32_or_none(vector[0], vector[1], dim)
+    elif sp.issparse(vector) and vector.format == "csr" and vector.shape == (1, dim):
+        pair = sparse_float32_or_none(vector.indices, vector.data, dim)
+    else:
+        pair = None
+    if pair is not None:
+        return SparseRow(pair[0], pair[1], dim)
     if isinstance(vector, tuple) and len(vector) == 2:
         idx, val = check_sparse(vector[0], vector[1], dim, field="vector")
         X = sp.csr_matrix((val, idx, [0, idx.size]), shape=(1, dim))

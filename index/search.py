@@ -35,10 +35,11 @@ from gmmlsh.core.search import (
     search_many_parallel,
     search_many_serial,
 )
+from gmmlsh.core.select import top_k
 from gmmlsh.index.config import DEFAULT_RARE, IndexConfig, SearchParams
 from gmmlsh.index.generation import RANK_PLANES
 from gmmlsh.index.mirror import View
-from gmmlsh.index.records import as_hashed, codes_of
+from gmmlsh.index.records import SparseRow, as_hashed, codes_of
 
 MODES = ("lsh", "exact", "nrff", "postings")
 _EMPTY_U32 = np.zeros(0, dtype=np.uint32)
@@ -79,8 +80,16 @@ class Prepared:
 
 
 def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepared]:
-    """Validated rows at stored precision (dense 2-D or CSR) → prepared queries; hashed only
-    if ``sketch`` (brute force needs no sketch, and hashing a sparse query costs ~1 ms)."""
+    """Validated rows at stored precision (dense 2-D, CSR or a :class:`SparseRow`) → prepared
+    queries; hashed only if ``sketch`` (brute force needs no sketch, and hashing a sparse query
+    costs ~1 ms)."""
+    if isinstance(X32, SparseRow):
+        if not sketch and config.center is None:  # its own arrays are all a postings search needs
+            dense = np.zeros(config.dim)
+            dense[X32.indices] = X32.values
+            return [Prepared(None, None, dense, float(np.abs(X32.values, dtype=np.float64).sum()),
+                             nonzero=X32.indices)]
+        X32 = X32.csr()
     Xh = as_hashed(X32, config)
     planes = first = None
     if sketch:
@@ -205,12 +214,13 @@ def run_postings(view: View, q: Prepared, params: SearchParams) -> tuple[np.ndar
     if g is None or g.post_rows.shape[0] == 0:
         return _exact_scan(view, q)
     share = params.rare if params.rare > 0 else DEFAULT_RARE
-    scratch = _scratch(g.rows)
     rest = _unposted(view)
     rows, sims = np.empty(params.candidates + rest.shape[0], np.int64), np.empty(params.candidates + rest.shape[0])
-    m = postings_search(q.dense, q.coordinates(), q.norm, q.exclude, view.alive, view.norms, g.post_starts,
-                        g.post_rows, g.post_vals, g.head_slot, g.head_cols, g.head_scale, g.rows, int(share * g.rows),
-                        params.candidates, view.voff, view.vi, view.vf, scratch.rare, rows, sims)
+    m = postings_search(q.dense, q.coordinates(), q.norm, q.exclude, view.alive, view.norms, g.norms32,
+                        g.post_starts,
+                        g.post_rows, g.post_vals, g.head_slot, g.head_bytes, g.head_nibbles, g.head_scale, g.rows,
+                        int(share * g.rows),
+                        params.candidates, view.voff, view.vi, view.vf, _scratch(g.rows).levels, rows, sims)
     m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
                     rows[m:], sims[m:])
     return rows[:m], sims[:m], m
@@ -299,11 +309,13 @@ _SCRATCH = threading.local()
 
 
 def _scratch(rows: int):
-    """Per-thread zeroed accumulators of one slot per row (kept zero by the kernels)."""
+    """Per-thread buffers of one slot per row: exact search's accumulators (zero, kept zero by
+    the kernels) and the postings search's levels (a query's own allocation of that size costs
+    page faults)."""
     s = getattr(_SCRATCH, "s", None)
-    if s is None or s.acc.shape[0] < rows:
+    if s is None or s.acc.shape[0] < rows + 64:
         size = max(rows, 1024) * 2
-        s = SimpleNamespace(acc=np.zeros(size), seen=np.zeros(size, np.uint8), rare=np.zeros(size, np.float32))
+        s = SimpleNamespace(acc=np.zeros(size), seen=np.zeros(size, np.uint8), levels=np.empty(size, np.uint16))
         _SCRATCH.s = s
     return s
 
@@ -320,18 +332,10 @@ def run_nrff(view: View, q: Prepared, config: IndexConfig, budget: int) -> tuple
     if 0 <= q.exclude < est.shape[0]:
         est[q.exclude] = -np.inf
     live = int(np.isfinite(est).sum())
-    top = _top(est, min(budget, live))
+    top = top_k(est, min(budget, live)) if live else np.zeros(0, np.int64)
     l2 = math.sqrt(float(q.dense @ q.dense))
     rho = np.array([row_cosine(q.dense, l2, view.voff, view.vi, view.vf, r) for r in top.tolist()])
     return top, np.exp(-config.gamma * (1.0 - np.clip(rho, -1.0, 1.0))), int(top.shape[0])
-
-
-def _top(scores: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` largest scores, best first (ties by position)."""
-    if scores.shape[0] <= 4 * k + 256:
-        return np.argsort(-scores, kind="stable")[:k]
-    part = np.argpartition(-scores, k - 1)[:k]
-    return part[np.lexsort((part, -scores[part]))]
 
 
 def answer(view: View, mode: str, k: int, rows: np.ndarray, sims: np.ndarray, scored: int,
@@ -340,9 +344,9 @@ def answer(view: View, mode: str, k: int, rows: np.ndarray, sims: np.ndarray, sc
     if min_similarity > 0:
         keep = sims >= min_similarity
         rows, sims = rows[keep], sims[keep]
-    best = _top(sims, min(k, sims.shape[0])) if sims.shape[0] else np.zeros(0, np.int64)
+    best = top_k(sims, k)
     chosen = rows[best].tolist()
-    metas = view.metadata_of(chosen)
+    names, metas = view.names_and_metadata(chosen)
     out = [Neighbor(name, s, orjson.loads(m) if m else None)
-           for name, s, m in zip(view.names_of(chosen), sims[best].tolist(), metas, strict=True)]
+           for name, s, m in zip(names, sims[best].tolist(), metas, strict=True)]
     return QueryResult(mode=mode, k=k, candidates=scored, neighbors=out)

@@ -32,7 +32,7 @@ import numpy as np
 from gmmlsh.index.config import IndexConfig, SearchParams
 from gmmlsh.index.generation import RANK_PLANES
 from gmmlsh.index.mirror import View
-from gmmlsh.index.records import codes_of
+from gmmlsh.index.records import SparseRow, codes_of
 from gmmlsh.index.search import (
     Prepared,
     prepare_row,
@@ -98,21 +98,25 @@ class QuerySample:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
-    def add(self, X32) -> None:
-        """Offer each row of a validated query batch to the sample."""
+    def add(self, X32, own: bool = False) -> None:
+        """Offer each row of a validated query batch to the sample; ``own``: the batch is one row
+        nobody else holds (a query's own copy), kept as it is rather than copied."""
         with self._lock:
             for i in range(X32.shape[0]):
                 self.seen += 1
-                if len(self.rows) < self.size:
-                    self.rows.append(X32[i:i + 1].copy())
-                else:
-                    j = self._rng.randrange(self.seen)
-                    if j < self.size:
-                        self.rows[j] = X32[i:i + 1].copy()
+                at = len(self.rows) if len(self.rows) < self.size else self._rng.randrange(self.seen)
+                if at < self.size:
+                    row = X32 if own and X32.shape[0] == 1 else X32[i:i + 1].copy()
+                    if at == len(self.rows):
+                        self.rows.append(row)
+                    else:
+                        self.rows[at] = row
 
     def take(self, n: int) -> list:
+        """Up to ``n`` sampled rows, each a 1-row batch (dense or CSR)."""
         with self._lock:
-            return list(self.rows[:n])
+            rows = list(self.rows[:n])
+        return [r.csr() if isinstance(r, SparseRow) else r for r in rows]
 
 
 def _truth(view: View, qs: list[Prepared]) -> list:

@@ -24,7 +24,8 @@ from gmmlsh.core.ivf import (
     profile_scores,
     profiles,
 )
-from gmmlsh.core.search import exact_serial, row_gmm, search, select, shortlist_of
+from gmmlsh.core.search import exact_serial, row_gmm, search, shortlist_of
+from gmmlsh.core.select import select, top_k
 
 Z = 4.0  # standard errors
 
@@ -394,3 +395,11 @@ def test_sparse_query_buffer_equals_merge_join():
     qn = float(np.abs(q).sum())
     for r in range(30):
         assert row_gmm(q, qn, voff, vi, vf, norms, r) == pytest.approx(gmm(q, X32[r].astype(np.float64)), rel=1e-12)
+
+
+def test_top_k_is_a_stable_descending_sort_short_or_long():
+    rng = np.random.default_rng(16)
+    for n, k in ((0, 5), (7, 10), (50, 10), (5000, 10), (5000, 0)):
+        v = rng.integers(0, 20, n).astype(np.float64)  # many ties
+        want = np.lexsort((np.arange(n), -v))[:k]
+        np.testing.assert_array_equal(top_k(v, k), want)

@@ -37,27 +37,52 @@ def _zipf_text(n: int, dim: int, seed: int, signed: bool = False) -> sp.csr_matr
                          shape=(n, dim))
 
 
+def _head_values(slot, byte_cols, nibble_cols, c, rows):
+    """Column ``c``'s levels, row by row, from whichever kind of head column holds it."""
+    j = slot[c]
+    if j < byte_cols.shape[0]:
+        return byte_cols[j].astype(np.int64)
+    packed = nibble_cols[j - byte_cols.shape[0]]
+    return np.stack([packed & 15, packed >> 4], axis=1).reshape(-1)[:rows].astype(np.int64)
+
+
 def test_head_columns_hold_counts_exactly_and_other_values_within_half_a_level():
+    """Counts: exact in a byte column, exact in a packed column up to 15 (a column is packed
+    where at most 1/256 of its values pass 15; those saturate). Other non-negative values:
+    levels of one scale (the largest value / 255), within half a level. Signed data: none."""
     X = _zipf_text(400, 300, seed=1)
-    slot, cols, scale = head_columns(*_postings(X), rows=400, sparse_rows=400)
+    X.data[:50] = 40  # a few large counts: the columns holding them stay bytes
+    slot, byte_cols, nibble_cols, scale = head_columns(*_postings(X), rows=400, sparse_rows=400)
     held = np.diff(X.tocsc().indptr)
-    assert cols.shape[0] == (held >= 400 / 16).sum() > 0 and scale[0] == 1.0
+    assert byte_cols.shape[0] + nibble_cols.shape[0] == (held >= 400 / 16).sum() > 0 and scale[0] == 1.0
+    assert byte_cols.shape[0] > 0 and nibble_cols.shape[0] > 0 and nibble_cols.shape[1] == 200
     dense = X.toarray()
     for c in np.flatnonzero(slot >= 0):
-        np.testing.assert_array_equal(cols[slot[c]], dense[:, c])  # counts up to 127: exact
-    Y = _zipf_text(400, 300, seed=2, signed=True)
-    slot, cols, scale = head_columns(*_postings(Y), rows=400, sparse_rows=400)
+        got = _head_values(slot, byte_cols, nibble_cols, c, 400)
+        if slot[c] < byte_cols.shape[0]:
+            np.testing.assert_array_equal(got, dense[:, c])
+        else:
+            assert (dense[:, c] > 15).mean() <= 1 / 256
+            np.testing.assert_array_equal(got, np.minimum(dense[:, c], 15))
+    Y = X.copy()
+    Y.data = Y.data * np.float32(0.37)
+    slot, byte_cols, nibble_cols, scale = head_columns(*_postings(Y), rows=400, sparse_rows=400)
     dense = Y.toarray()
-    top = np.abs(dense[:, slot >= 0]).max()
-    assert scale[0] == pytest.approx(top / 127)
+    assert scale[0] == pytest.approx(dense[:, slot >= 0].max() / 255)
     for c in np.flatnonzero(slot >= 0):
-        assert np.abs(cols[slot[c]] * scale[0] - dense[:, c]).max() <= scale[0] / 2 + 1e-6
+        got = _head_values(slot, byte_cols, nibble_cols, c, 400)
+        want = np.minimum(dense[:, c], (15 if slot[c] >= byte_cols.shape[0] else 255) * scale[0])
+        assert np.abs(got * scale[0] - want).max() <= scale[0] / 2 + 1e-6
+    slot, byte_cols, nibble_cols, _ = head_columns(*_postings(_zipf_text(400, 300, seed=2, signed=True)), rows=400,
+                                                   sparse_rows=400)
+    assert (slot < 0).all() and byte_cols.shape[0] == nibble_cols.shape[0] == 0
 
 
 @pytest.mark.parametrize("signed", [False, True])
 def test_postings_search_with_everything_read_and_reranked_is_exact(tmp_path, signed):
     """Reading every coordinate and reranking every row, the postings search answers what
-    exact search answers (signed data included); narrower, every similarity it returns is exact."""
+    exact search answers (signed data included: it has no head columns, and reads postings
+    only); narrower, every similarity it returns is exact."""
     X = _zipf_text(3000, 2000, seed=4, signed=signed)
     Q = _zipf_text(20, 2000, seed=5, signed=signed)
     ids = [str(i) for i in range(X.shape[0])]
@@ -66,7 +91,7 @@ def test_postings_search_with_everything_read_and_reranked_is_exact(tmp_path, si
         ix.upsert(ids, X)
         ix.maintain()
         g = ix.view().generation
-        assert g.postings_search and g.head_cols.shape[0] > 0
+        assert g.postings_search != signed  # head columns hold non-negative data only
         for i in range(Q.shape[0]):
             got = ix.query(Q[i], k=10, mode="postings")
             want = ix.query(Q[i], k=10, mode="exact")
