@@ -28,7 +28,7 @@ from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexCo
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
-from gmmlsh.index.records import StoredVector, as_given, as_stored, check_id, prepare, query_rows
+from gmmlsh.index.records import SparseRow, StoredVector, as_given, as_stored, check_id, prepare, query_rows
 from gmmlsh.index.search import (
     MODES,
     QueryResult,
@@ -39,6 +39,7 @@ from gmmlsh.index.search import (
     run_lsh,
     run_nrff,
     run_postings,
+    sparse_query,
 )
 from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
 
@@ -235,6 +236,9 @@ class Index:
                 if row < 0:
                     raise UnknownIdError(id)
             q = prepare_row(view, row, self.config)
+        elif isinstance(X32, SparseRow) and mode in ("postings", "exact") and self.config.center is None:
+            with sparse_query(X32, self.config) as q:
+                return self._answer(view, [q], k, mode, min_similarity, params, flt)[0]
         else:
             q = prepare_vectors(X32, self.config, sketch=mode == "lsh")[0]
         return self._answer(view, [q], k, mode, min_similarity, params, flt)[0]

@@ -9,6 +9,7 @@ store. The kernels are :mod:`gmmlsh.core.search`'s.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass, field
@@ -79,16 +80,30 @@ class Prepared:
         return self.nonzero if self.nonzero is not None else np.flatnonzero(self.dense)
 
 
+_BUFFERS = threading.local()
+
+
+@contextlib.contextmanager
+def sparse_query(row: SparseRow, config: IndexConfig):
+    """A one-row sparse query prepared for a search that needs no sketch (postings, exact),
+    its dense buffer this thread's own, borrowed for the duration: zeros of the full
+    dimension cost page faults per query (a third of a text query's preparation), so the
+    buffer is kept and only the query's coordinates are set, then cleared."""
+    buf = getattr(_BUFFERS, "dense", None)
+    if buf is None or buf.shape[0] != config.dim:
+        buf = _BUFFERS.dense = np.zeros(config.dim)
+    buf[row.indices] = row.values
+    try:
+        yield Prepared(None, None, buf, float(np.abs(row.values, dtype=np.float64).sum()), nonzero=row.indices)
+    finally:
+        buf[row.indices] = 0.0
+
+
 def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepared]:
     """Validated rows at stored precision (dense 2-D, CSR or a :class:`SparseRow`) → prepared
     queries; hashed only if ``sketch`` (brute force needs no sketch, and hashing a sparse query
     costs ~1 ms)."""
     if isinstance(X32, SparseRow):
-        if not sketch and config.center is None:  # its own arrays are all a postings search needs
-            dense = np.zeros(config.dim)
-            dense[X32.indices] = X32.values
-            return [Prepared(None, None, dense, float(np.abs(X32.values, dtype=np.float64).sum()),
-                             nonzero=X32.indices)]
         X32 = X32.csr()
     Xh = as_hashed(X32, config)
     planes = first = None
@@ -221,14 +236,17 @@ def run_postings(view: View, q: Prepared, params: SearchParams) -> tuple[np.ndar
                         g.post_rows, g.post_vals, g.head_slot, g.head_bytes, g.head_nibbles, g.head_scale, g.rows,
                         int(share * g.rows),
                         params.candidates, view.voff, view.vi, view.vf, _scratch(g.rows).levels, rows, sims)
-    m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
-                    rows[m:], sims[m:])
+    if rest.shape[0]:
+        m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
+                        rows[m:], sims[m:])
     return rows[:m], sims[:m], m
 
 
 def _unposted(view: View) -> np.ndarray:
     """Mirror rows no postings hold: the generation's dense rows and the tail."""
     g = view.generation
+    if not g.dense_rows.shape[0]:
+        return np.arange(g.rows, view.rows)
     return np.concatenate([g.dense_rows.astype(np.int64), np.arange(g.rows, view.rows)])
 
 
