@@ -161,10 +161,13 @@ def run(args) -> dict:
     sizes = [int(s) for s in args.sizes.split(",")]
     Q = scale_data.queries(args.queries)
     warm = np.load(scale_data.DATA / "fashion-mnist.npz")["test"][5000:5000 + WARM_QUERIES].astype(np.float32)
-    redis_proc, redis_url = (start_redis(workdir) if "redis" in args.backends else (None, None))
     results: dict = {"sizes": {}, "queries": args.queries, "rounds": args.rounds}
+    redis_proc = None
     try:
         for n in sizes:
+            # A fresh redis-server for each size: at 1M the machine's 24 GB hold two mirrors, Redis'
+            # copy and pynndescent's, and the smaller sizes' records would only crowd them.
+            redis_proc, redis_url = (start_redis(workdir) if "redis" in args.backends else (None, None))
             truth = scale_data.truth(n, args.queries)
             entry: dict = {"gmmlsh": {}, "peer": None}
             results["sizes"][n] = entry
@@ -206,6 +209,10 @@ def run(args) -> dict:
                 g["inserts_per_s"] = inserts(ix, n)
                 ix.close()
             del nnd
+            if redis_proc is not None:
+                redis_proc.terminate()
+                redis_proc.wait()
+                redis_proc = None
             if args.memory and n == sizes[-1] and "lmdb" in entry["gmmlsh"]:
                 loc = str(workdir / f"lmdb-{n}")
                 entry["memory"] = [serve_memory(loc, w, Q) for w in (1, 2)]

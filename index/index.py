@@ -17,8 +17,9 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,10 @@ log = logging.getLogger("gmmlsh.index")
 _BATCH_CHUNK = 256
 #: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
 DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gmmlsh"
+
+
+class _MirrorBehind(Exception):
+    """A stored id whose record this process's mirror does not hold yet."""
 
 
 class UnknownIdError(KeyError):
@@ -226,22 +231,25 @@ class Index:
             self.served.add(X32, own=True)
         if id is not None:
             check_id(id)
-        view = self.view()
-        params, mode = self._plan(view, mode, candidates, probes)
-        if id is not None:
-            row = view.row_of(int(self.store.lookup([id])[0]))
-            if row < 0:
-                view = self.mirror.sync(self.store)  # written after the token was read
-                row = view.row_of(int(self.store.lookup([id])[0]))
-                if row < 0:
+
+        def on(view: View) -> QueryResult:
+            params, how = self._plan(view, mode, candidates, probes)
+            if id is not None:
+                iid = int(self.store.lookup([id])[0])
+                if iid < 0:
                     raise UnknownIdError(id)
-            q = prepare_row(view, row, self.config)
-        elif isinstance(X32, SparseRow) and mode in ("postings", "exact") and self.config.center is None:
-            with sparse_query(X32, self.config) as q:
-                return self._answer(view, [q], k, mode, min_similarity, params, flt)[0]
-        else:
-            q = prepare_vectors(X32, self.config, sketch=mode == "lsh")[0]
-        return self._answer(view, [q], k, mode, min_similarity, params, flt)[0]
+                row = view.row_of(iid)
+                if row < 0:
+                    raise _MirrorBehind(id)
+                q = prepare_row(view, row, self.config)
+            elif isinstance(X32, SparseRow) and how in ("postings", "exact") and self.config.center is None:
+                with sparse_query(X32, self.config) as q:
+                    return self._answer(view, [q], k, how, min_similarity, params, flt)[0]
+            else:
+                q = prepare_vectors(X32, self.config, sketch=how == "lsh")[0]
+            return self._answer(view, [q], k, how, min_similarity, params, flt)[0]
+
+        return self._current(on)
 
     def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
                     candidates: int | None = None, probes: int | None = None,
@@ -251,12 +259,40 @@ class Index:
         flt = as_filter(filter)
         X32 = as_stored(X, self.config.dim, "vectors")
         self.served.add(X32)
-        view = self.view()
-        params, mode = self._plan(view, mode, candidates, probes)
-        out: list[QueryResult] = []
-        for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
-            qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=mode == "lsh")
-            out += self._answer(view, qs, k, mode, min_similarity, params, flt)
+
+        def on(view: View) -> list[QueryResult]:
+            params, how = self._plan(view, mode, candidates, probes)
+            out: list[QueryResult] = []
+            for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
+                qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=how == "lsh")
+                out += self._answer(view, qs, k, how, min_similarity, params, flt)
+            return out
+
+        return self._current(on)
+
+    def _current(self, answer_on: Callable[[View], Any]) -> Any:
+        """``answer_on(view)`` on a mirror as current as the store when the call began: the
+        store's token is asked for first, the answer is worked out on this process's mirror
+        while the request travels (a Redis round trip, hidden behind the search), and worked
+        out again on a synced mirror if the token shows a write the mirror lacks — so an
+        answer never misses a write acknowledged before the query, as if the token had been
+        read first."""
+        pending = self.store.token_later()
+        view = self.mirror.refresh()
+        try:
+            out, behind = answer_on(view), False
+        except _MirrorBehind:  # a stored id the mirror does not hold yet
+            out, behind = None, True
+        finally:
+            now = pending()
+        if behind or now != view.token:
+            view = self.mirror.sync(self.store)
+            try:
+                out = answer_on(view)
+            except _MirrorBehind as exc:  # replaced or deleted again between lookup and sync
+                raise UnknownIdError(exc.args[0]) from None
+        if self._auto:
+            self._maybe_maintain(view)
         return out
 
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:

@@ -264,12 +264,14 @@ def test_a_query_reads_the_store_once_when_nothing_changed(location, fmnist):
         ix.upsert(_ids(0, 500), X[:500])
         ix.query(Q[0])
         calls = []
-        for name in ("token", "changes", "read", "lookup", "scan"):
+        for name in ("token", "token_later", "changes", "read", "lookup", "scan"):
             real = getattr(ix.store, name)
             setattr(ix.store, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
         for q in Q[:20]:
             ix.query(q, k=5)
-        assert calls == ["token"] * 20
+        # one token asked for per query (LMDB's token_later reads it at once, through token())
+        assert calls.count("token_later") == 20 and calls.count("token") <= 20
+        assert set(calls) <= {"token_later", "token"}
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -24,7 +24,7 @@ Vocabulary
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,6 +131,11 @@ class Store(Protocol):
 
     def token(self) -> Token:
         """Where the feed stands: one cheap read. Equal tokens mean no write in between."""
+
+    def token_later(self) -> Callable[[], Token]:
+        """:meth:`token`, asked for now and read when the returned function is called (a
+        network store sends the request at once: the caller works while it travels). The
+        function must be called exactly once."""
 
     def changes(self, since: Token | None) -> Changes:
         """iids added and retired after ``since`` (None: every iid ever added, none retired)."""

@@ -31,7 +31,7 @@ import json
 import os
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import lmdb
@@ -306,6 +306,10 @@ class LmdbStore:
         with self._txn() as txn:
             next_iid, _, retired = self._state(txn)
         return (next_iid, retired)
+
+    def token_later(self) -> Callable[[], Token]:
+        now = self.token()  # a local read: nothing to overlap
+        return lambda: now
 
     def changes(self, since: Token | None) -> Changes:
         with self._txn() as txn:
