@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 from conftest import DATA
 
-from gmmlsh.core.postings import head_columns
+from gmmlsh.core.postings import HEAD_SHARE, head_columns
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.service.cli.common import describe_search
@@ -54,7 +54,7 @@ def test_head_columns_hold_counts_exactly_and_other_values_within_half_a_level()
     X.data[:50] = 40  # a few large counts: the columns holding them stay bytes
     slot, byte_cols, nibble_cols, scale = head_columns(*_postings(X), rows=400, sparse_rows=400)
     held = np.diff(X.tocsc().indptr)
-    assert byte_cols.shape[0] + nibble_cols.shape[0] == (held >= 400 / 16).sum() > 0 and scale[0] == 1.0
+    assert byte_cols.shape[0] + nibble_cols.shape[0] == (held >= 400 * HEAD_SHARE).sum() > 0 and scale[0] == 1.0
     assert byte_cols.shape[0] > 0 and nibble_cols.shape[0] > 0 and nibble_cols.shape[1] == 200
     dense = X.toarray()
     for c in np.flatnonzero(slot >= 0):
