@@ -24,6 +24,7 @@ gmmlsh's ``query_batch`` on one thread is shown beside it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import subprocess
@@ -197,6 +198,10 @@ def run(args) -> dict:
                 entry["peer"] = {"build_s": peer_s, "rounds": {eps: [] for eps in PEER_EPS}}
                 del X
             numba.set_num_threads(1)
+            for g in entry["gmmlsh"].values():  # the peer's build may have pushed the mirrors out of the page cache
+                g["ix"].warm()
+            gc.collect()  # the timed rounds' garbage is collected in the harness's heap
+            gc.freeze()
             for _ in range(args.rounds):  # alternating: every method sees the same minutes of the machine
                 for g in entry["gmmlsh"].values():
                     g["rounds"].append(gmmlsh_round(g["ix"], Q, truth))

@@ -21,6 +21,9 @@ FORMAT_VERSION = 2
 MAX_K = 1000
 #: Largest rerank budget (vectors scored by exact GMM per query).
 MAX_CANDIDATES = 100_000
+#: Most bits per code the rank pass of a sketch search reads (the bit planes a generation keeps
+#: in list order; 4 bits ranked Fashion-MNIST as well as 8).
+RANK_BITS_MAX = 4
 #: A filtered query whose condition leaves at most this many rows scores them all by exact GMM
 #: (the exact filtered answer); above it, the sketch search runs with its scan widened.
 FILTER_EXACT_ROWS = 4096
@@ -125,8 +128,9 @@ class SearchParams:
     """How the default (``lsh``) query searches: the knobs that trade recall for speed.
 
     ``probes``: inverted lists scanned (all: 0); ``shortlist``: rows ranked on every
-    sample; ``rank_bits``: bits per code in that ranking; ``candidates``: rows scored
-    by exact GMM (the rerank budget). ``rare`` > 0 searches sparse rows through postings
+    sample; ``rank_bits``: bits per code in that ranking (at most :data:`RANK_BITS_MAX`);
+    ``candidates``: rows ranked by GMM on their coarse copies, of which the best
+    ``k + max(k, 10)`` are scored exactly (the rerank budget). ``rare`` > 0 searches sparse rows through postings
     instead of sketches (:mod:`gmmlsh.core.postings`): coordinates held by at most this
     share of the rows are read, the commonest from head columns, the rest skipped, and the
     best ``candidates`` scored exactly. ``exact`` answers by brute force instead. The tuner
@@ -135,7 +139,7 @@ class SearchParams:
 
     probes: int = 0
     shortlist: int = 2000
-    rank_bits: int = 8
+    rank_bits: int = RANK_BITS_MAX
     candidates: int = 200
     rare: float = 0.0
     exact: bool = False

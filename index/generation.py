@@ -6,7 +6,7 @@ list its sample members, their 2-bit modes over every sample are the list's *pro
 every row goes to the list whose profile it agrees with best — the list a query that is
 this row probes first. Queries choose lists by the same profiles. Each list keeps copies of
 what the search reads of its rows, in list order: their first-stage rows laid out for a
-vectorised scan (a probed list is one contiguous read), and the low :data:`RANK_PLANES` bit
+vectorised scan (a probed list is one contiguous read), and the low :data:`RANK_BITS_MAX` bit
 planes of their sketches, so that the rank pass reads its rows from the few lists just
 scanned rather than from anywhere in the mirror (measured at 1M rows: 3.6× faster).
 Rows added after it form the mirror's tail. When the tail grows past
@@ -34,6 +34,7 @@ import numpy as np
 from gmmlsh.core.ivf import assign, assign_profiles, kmodes, list_layout, profiles
 from gmmlsh.core.postings import head_columns, postings_count, postings_fill
 from gmmlsh.index.columns import huge_pages, refold
+from gmmlsh.index.config import RANK_BITS_MAX
 
 #: Rows per inverted list the profiles aim for.
 LIST_ROWS = 512
@@ -41,8 +42,6 @@ LIST_ROWS = 512
 MIN_ROWS = 2048
 #: Most rows the tail grows to before a new generation is built.
 TAIL_MAX = 16384
-#: Bit planes of each listed row's sketch kept in list order: the rank pass ranks on at most these.
-RANK_PLANES = 4
 _ARRAYS = ("profiles", "starts", "lrows", "lfirst", "lplanes", "post_starts", "post_rows", "post_vals",
            "dense_rows", "head_slot", "head_bytes", "head_nibbles", "head_scale", "norms32")
 #: Listed rows copied into the list-order files at a time (the build's memory stays bounded).
@@ -63,7 +62,7 @@ class Generation:
     starts: np.ndarray  # (lists + 1,) int64
     lrows: np.ndarray  # (entries,) uint32: mirror rows, list by list
     lfirst: np.ndarray  # (entries · first-stage words,) uint64: their first-stage rows, list by list, word-major
-    lplanes: np.ndarray  # (entries, RANK_PLANES · words) uint64: their low bit planes, list by list
+    lplanes: np.ndarray  # (entries, RANK_BITS_MAX · words) uint64: their low bit planes, list by list
     post_starts: np.ndarray  # (dim + 1,) int64: coordinate c's postings are [post_starts[c], post_starts[c+1])
     post_rows: np.ndarray  # (postings,) uint32: the sparse rows holding each coordinate
     post_vals: np.ndarray  # (postings,) float32: their values there
@@ -143,7 +142,7 @@ def build(directory: Path, view, previous: Generation | None, dim: int, bits: in
     for key, value in (("profiles", P), ("starts", starts), ("lrows", lrows.astype(np.uint32)),
                        ("dense_rows", live[dense].astype(np.uint32))):
         np.save(tmp / f"{key}.npy", value)
-    _list_copies(tmp, view, lrows, starts, words, min(RANK_PLANES, bits))
+    _list_copies(tmp, view, lrows, starts, words, min(RANK_BITS_MAX, bits))
     del lrows
     # Postings are written straight into their files, coordinate by coordinate (two passes
     # over the rows): no in-memory copy of the sparse rows, whatever the index's size.

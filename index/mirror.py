@@ -44,7 +44,7 @@ from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index.columns import Blobs, Column, gather, gather_two, populate
-from gmmlsh.index.config import IndexConfig, SearchParams
+from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.generation import Generation
 from gmmlsh.index.records import DENSE, decode_vector
 from gmmlsh.index.store.base import Store
@@ -217,7 +217,7 @@ class Mirror:
             rowof=self._rowof.whole(),
             generation=generation,
             search=SearchParams.from_dict(state["search"]) if state.get("search") else
-            SearchParams(rank_bits=self.config.bits),
+            SearchParams(rank_bits=min(RANK_BITS_MAX, self.config.bits)),
             tuned_rows=state.get("tuned_rows", 0),
             tuned_on_queries=state.get("tuned_on_queries", False),
         )

@@ -37,8 +37,7 @@ from gmmlsh.core.search import (
     search_many_serial,
 )
 from gmmlsh.core.select import top_k
-from gmmlsh.index.config import DEFAULT_RARE, IndexConfig, SearchParams
-from gmmlsh.index.generation import RANK_PLANES
+from gmmlsh.index.config import DEFAULT_RARE, RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.records import SparseRow, as_hashed, codes_of
 
@@ -146,7 +145,7 @@ def _lists(view: View, config: IndexConfig):
     if g is None:
         words = view.planes.shape[1] // config.bits
         return (np.zeros((2 * words, 0), np.uint64), *_NO_LISTS[1:],
-                np.zeros((0, min(RANK_PLANES, config.bits) * words), np.uint64))
+                np.zeros((0, min(RANK_BITS_MAX, config.bits) * words), np.uint64))
     return g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes
 
 
@@ -165,7 +164,7 @@ def run_lsh(view: View, queries: list[Prepared], params: SearchParams, config: I
     tuner's recall trials)."""
     words = view.planes.shape[1] // config.bits
     probes = params.probes if params.probes > 0 else 1 << 30
-    rank_planes = max(1, min(params.rank_bits, RANK_PLANES, config.bits))
+    rank_planes = max(1, min(params.rank_bits, RANK_BITS_MAX, config.bits))
     C = params.candidates
     refine = refine_count(k) if scored else 0
     common = (*_lists(view, config), view.first, view.planes, view.tail_start, view.rows, view.alive, view.coff,

@@ -29,8 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from gmmlsh.index.config import IndexConfig, SearchParams
-from gmmlsh.index.generation import RANK_PLANES
+from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.records import SparseRow, codes_of
 from gmmlsh.index.search import (
@@ -320,7 +319,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     ladder, start = _probe_ladder(lists), 0
     # Most rank bits first: fewer bits rank less precisely, so they never reach the target with
     # fewer lists than more bits needed; their trial starts there.
-    for rank_bits in sorted({min(b, RANK_PLANES, config.bits) for b in (2, RANK_PLANES)}, reverse=True):
+    for rank_bits in sorted({min(b, RANK_BITS_MAX, config.bits) for b in (2, RANK_BITS_MAX)}, reverse=True):
         first_hit = None
         for i in range(start, len(ladder)):
             found = _cheapest_at(view, qs, truth, config, target, ladder[i], rank_bits, tried)

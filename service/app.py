@@ -17,6 +17,7 @@ when it opens.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -90,6 +91,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.collections = await run_in_threadpool(CollectionManager, settings, index)
         app.state.index = index
         metrics.bind_index(index.count)
+        # Everything made so far lives as long as the worker: out of the garbage collector's
+        # sight, a full collection (each query leaves short-lived objects) scans only what
+        # requests make, not the whole heap of a process that imported numpy, numba and FastAPI.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

@@ -22,7 +22,7 @@ from typing import Annotated, get_type_hints
 from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, IndexConfig, describe
+from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
 from gmmlsh.index.index import DEFAULT_CACHE_DIR
 from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
 
@@ -68,7 +68,7 @@ class Settings(_creation_settings()):
     candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES, description="rows scored by exact GMM per query")
     probes: int | None = Field(None, ge=0, description="inverted lists scanned per query (0: all)")
     shortlist: int | None = Field(None, ge=1, description="rows ranked on every sample per query")
-    rank_bits: int | None = Field(None, ge=1, le=16, description="bits per code in that ranking")
+    rank_bits: int | None = Field(None, ge=1, le=RANK_BITS_MAX, description="bits per code in that ranking")
     rare: float | None = Field(None, ge=0, le=1, description="postings search on sparse rows: share of the rows a "
                                "coordinate read is held by at most (0: the sketch search)")
 
