@@ -309,7 +309,7 @@ def postings_search(qbuf, qidx, qn, exclude, alive, norms, norms32, post_starts,
     if 0 <= exclude < rows:
         levels[exclude] = 0
     spans = np.array([[0, 0, rows], [padded, 0, 0]], dtype=np.int64)
-    kept = choose(levels, spans, candidates, _LEVELS - 1)
+    kept = choose(levels[:padded], spans, candidates, _LEVELS - 1)
     m = kept.shape[0]
     found = 0
     for i in range(m):

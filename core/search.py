@@ -48,7 +48,7 @@ from gmmlsh.core.select import GROUP, choose, select
 _AHEAD = 8
 _LINE_WORDS = CACHE_LINE // 8  # uint64 words per cache line
 _LINE_VALUES = CACHE_LINE // 4  # float32 values per cache line
-#: Highest first-stage score (samples in a first-stage row).
+#: Highest first-stage score (bits in a first-stage row).
 _FIRST_TOP = FIRST_WORDS * WORD
 #: Levels a coarse GMM is cut to for choosing the rows scored exactly (a counting selection).
 _GMM_LEVELS = 4095
@@ -202,7 +202,10 @@ def search(qp, qf, words, two, qbuf, qn, exclude, profiles, starts, lrows, lfirs
                     prefetch_flat(cdata, b)
             r = best[t]
             if alive[r] and r != exclude:
-                coarse[t] = np.int64(_GMM_LEVELS * coarse_gmm(q32, qn, dim, coff, levels, head, counts, voff, vi, r))
+                g = coarse_gmm(q32, qn, coff, levels, head, counts, r)
+                if g < 0:  # a sparse row has no coarse copy: its exact GMM costs as little
+                    g = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
+                coarse[t] = np.int64(_GMM_LEVELS * g)
                 ranked_by_gmm += 1
             else:
                 coarse[t] = 0

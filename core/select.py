@@ -105,7 +105,8 @@ def gather_above(scores, spans, cut, refs, kept):
 
     A group of 16 scores is tested at once, as 4 words: adding ``0x8000 − cut`` to each 16-bit
     lane sets the lane's top bit exactly when its score (< 0x8000) is at least ``cut``, and
-    no lane carries into the next."""
+    no lane carries into the next. ``scores`` must therefore hold whole words (a multiple of 4
+    entries; whole groups, as :func:`choose` passes them)."""
     words = scores.view(np.uint64)
     lift = np.uint64(0x8000 - cut) * np.uint64(0x0001000100010001)
     m = 0
@@ -131,8 +132,9 @@ def choose(scores, spans, count, top):
     """The refs of the ``count`` best scored entries, in order, ties to the earliest. ``scores``:
     uint16 in ``[0, top]``, in runs padded with zeros to whole groups; ``spans``: one row per
     run (its first position, its first ref, its size), then a last row (the scores' end, 0, 0).
-    The cut is the cut estimated from a sample, the entries at or above it gathered, the best
-    chosen among those (again over every entry, in the rare case the estimate keeps too few)."""
+    A cut is estimated from a sample of the scores (:func:`estimated_cut`), the entries at or
+    above it gathered and the best chosen among those; in the rare case the estimate keeps too
+    few (or too many to hold), every entry is gathered instead."""
     scanned = spans[:, 2].sum()
     m = spans[spans.shape[0] - 1, 0]
     cut = estimated_cut(scores, m, count, top) if scanned > count else 0

@@ -42,7 +42,6 @@ from gmmlsh.index.mirror import View
 from gmmlsh.index.records import SparseRow, as_hashed, codes_of
 
 MODES = ("lsh", "exact", "nrff", "postings")
-_EMPTY_U32 = np.zeros(0, dtype=np.uint32)
 
 
 @dataclass
@@ -137,16 +136,15 @@ def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:
     return Prepared(np.array(view.planes[row]), np.array(view.first[row]), dense, float(view.norms[row]), exclude=row)
 
 
-_NO_LISTS = (np.zeros((0, 0), np.uint64), np.zeros(1, np.int64), _EMPTY_U32, np.zeros(0, np.uint64))
-
-
-def _lists(view: View, config: IndexConfig):
+def _lists(view: View, config: IndexConfig) -> tuple[np.ndarray, ...]:
+    """The generation's lists as the search kernel takes them (profiles, starts, rows, first-stage
+    rows, bit planes); no lists at all, every row in the tail, before the first generation."""
     g = view.generation
-    if g is None:
-        words = view.planes.shape[1] // config.bits
-        return (np.zeros((2 * words, 0), np.uint64), *_NO_LISTS[1:],
-                np.zeros((0, min(RANK_BITS_MAX, config.bits) * words), np.uint64))
-    return g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes
+    if g is not None:
+        return g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes
+    words = view.planes.shape[1] // config.bits
+    return (np.zeros((2 * words, 0), np.uint64), np.zeros(1, np.int64), np.zeros(0, np.uint32),
+            np.zeros(0, np.uint64), np.zeros((0, min(RANK_BITS_MAX, config.bits) * words), np.uint64))
 
 
 def refine_count(k: int) -> int:

@@ -62,9 +62,11 @@ QUERIES = 64
 MIN_QUERIES = 128
 MAX_QUERIES = 2 * MIN_QUERIES
 MIN_ROWS = 256
-#: Sample queries each setting that reaches the target is first timed on; the fastest few are
-#: then timed again on all of them, best of three passes.
+#: Sample queries each setting that reaches the target is first timed on; the fastest
+#: :data:`FINALISTS` whose answers reach it too are then timed again on all of them, best of
+#: three passes.
 TIMING_QUERIES = 16
+FINALISTS = 4
 #: Shares of the rows a coordinate read by the postings search is held by at most.
 _RARE_SHARES = (1 / 1024, 1 / 256, 1 / 128, 1 / 64)
 _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
@@ -142,16 +144,18 @@ def _sample(view: View, config: IndexConfig, queries: int, seed: int, served: li
     return [prepare_row(view, int(r), config) for r in rows], f"{rows.shape[0]} stored vectors"
 
 
-def _recall(view: View, qs: list[Prepared], truth: list, params: SearchParams, config: IndexConfig) -> float:
+def _recall(view: View, qs: list[Prepared], truth: list, params: SearchParams, config: IndexConfig,
+            scored: bool = False) -> float:
     """Recall of ``params`` on the sample, as a one-sided 95 % lower confidence bound: the
     mean over the sample queries less :data:`CONFIDENCE_Z` standard errors. The tuner keeps
     the cheapest of many settings that reach the target, so a bare sample mean would favour
     the settings the sample flatters (measured: 0.961 on 64 served queries, 0.939 on 1,000).
     The queries are answered as one batch (on every core numba has: the same answers as one
-    query at a time, in a fraction of the tuning's time); a sketch search counts which rows
-    reach its candidates, unscored (the coarse and exact scores of its last stages only
-    order them: a true row among the candidates is in the answer)."""
-    found = (run_lsh(view, qs, params, config, scored=False) if params.rare == 0 else
+    query at a time, in a fraction of the tuning's time). A sketch search counts which rows
+    reach its candidates, unscored (the trials' many settings cost a fraction of their
+    answers), or with ``scored`` which rows its answer scores exactly: the candidates' best by
+    coarse GMM, which a coarse ranking can miss a true row from (the finalists' check)."""
+    found = (run_lsh(view, qs, params, config, NEIGHBORS, scored=scored) if params.rare == 0 else
              [run_postings(view, q, params) for q in qs])
     per_query = np.array([recall(rows, true) for (rows, _, _), true in zip(found, truth, strict=True)])
     return float(per_query.mean() - CONFIDENCE_Z * per_query.std(ddof=1) / np.sqrt(per_query.shape[0]))
@@ -333,9 +337,16 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
         start = first_hit
     reached = [(s + hash_s, p, r) for s, p, r in reached]
     reached += _postings_settings(view, qs, truth, config, target, hash_s)
-    # The finalists are timed again, best of three passes: one noisy pass must not decide.
-    finalists = sorted(reached, key=lambda x: x[0])[:4]
-    best = min(((_search_seconds(view, qs, p, config, hash_s, rounds=3), p, r) for _, p, r in finalists),
+    # The cheapest whose answers reach the target too are timed again, best of three passes:
+    # one noisy pass must not decide.
+    finalists: list[tuple[SearchParams, float]] = []
+    for _, params, _ in sorted(reached, key=lambda x: x[0]):
+        if len(finalists) == FINALISTS:
+            break
+        r = _recall(view, qs, truth, params, config, scored=True)
+        if r >= target:
+            finalists.append((params, r))
+    best = min(((_search_seconds(view, qs, p, config, hash_s, rounds=3), p, r) for p, r in finalists),
                key=lambda x: x[0], default=None)
     rival = best[0] if best is not None else float("inf")
     exact_s = _exact_seconds(view, qs[:8], rival)

@@ -179,7 +179,8 @@ def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
 def test_coarse_rows_give_gmm_within_their_quantisation():
     """A coarse row (int8 levels of max|v|/127) gives a GMM whose error is bounded by half a
     level per coordinate: |ΔS| ≤ Σ scale/2 over the row's stored values, so |ΔGMM| ≤ that
-    times (‖q‖₁ + ‖v‖₁) / (‖q‖₁ + ‖v‖₁ − S)²; signed, dense and sparse rows alike."""
+    times (‖q‖₁ + ‖v‖₁) / (‖q‖₁ + ‖v‖₁ − S)², signed values alike. A sparse row has no levels
+    (its header says count 0) and gives −1: it is scored exactly instead."""
     rng = np.random.default_rng(11)
     X = rng.normal(size=(60, 50)) * rng.gamma(1.0, size=(60, 1))
     X[rng.random(X.shape) < 0.6] = 0
@@ -194,12 +195,16 @@ def test_coarse_rows_give_gmm_within_their_quantisation():
         qn = float(np.abs(q).sum())
         for r in range(60):
             exact = gmm(q, X32[r].astype(np.float64))
-            got = coarse_gmm(q.astype(np.float32), qn, 50, coff, levels, head, counts, voff, vi, r)
+            got = coarse_gmm(q.astype(np.float32), qn, coff, levels, head, counts, r)
+            if r % 2:  # sparse
+                assert got == -1, r
+                continue
             scale = np.abs(X32[r]).max() / LEVELS
             s = exact * (qn + norms[r]) / (1 + exact)
             bound = np.count_nonzero(X32[r]) * scale / 2 * (qn + norms[r]) / (qn + norms[r] - s) ** 2
             assert abs(got - exact) <= bound + 1e-5, (trial, r)
-        assert counts[coff[:-1] // 4 + 2].tolist() == [np.count_nonzero(X32[r]) if r % 2 else 50 for r in range(60)]
+        assert counts[coff[:-1] // 4 + 2].tolist() == [0 if r % 2 else 50 for r in range(60)]
+    assert np.diff(coff).tolist() == [12 if r % 2 else 12 + 52 for r in range(60)]  # header, or header and levels
 
 
 def _lists(first, planes, listed, nlist, words, bits):
@@ -349,8 +354,11 @@ def test_search_scores_exactly_the_best_candidates_by_coarse_gmm():
                      voff, vi, vf, norms, 1 << 30, 300, 4, 100, 0, rows, sims)
     candidates = rows[:m].copy()
     levels, head, counts = cdata.view(np.int8), cdata.view(np.float32), cdata.view(np.int32)
-    coarse = np.array([int(4095 * coarse_gmm(q.astype(np.float32), qn, dim, coff, levels, head, counts, voff, vi, r))
-                       for r in candidates])
+    def coarse_or_exact(r):  # a sparse row has no coarse copy and is ranked by its exact GMM
+        g = coarse_gmm(q.astype(np.float32), qn, coff, levels, head, counts, r)
+        return g if g >= 0 else gmm(q, X32[r].astype(np.float64))
+
+    coarse = np.array([int(4095 * coarse_or_exact(r)) for r in candidates])
     want = candidates[np.sort(np.lexsort((np.arange(m), -coarse))[:20])]
     m2, _, ranked = search(qp, qf, plane_words(k), True, q, qn, -1, *lists, first, planes, n, n, alive, coff, cdata,
                            dim, voff, vi, vf, norms, 1 << 30, 300, 4, 100, 20, rows, sims)

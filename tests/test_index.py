@@ -343,13 +343,18 @@ def test_the_search_is_tuned_reported_and_overridable(location, fmnist):
         assert ix.stats()["search"]["tuned_at_rows"] == 6000
 
 
-def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp_path, fmnist, monkeypatch):
+@pytest.mark.parametrize("answers_only", [False, True])
+def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp_path, fmnist, monkeypatch,
+                                                                             answers_only):
     """When the tuner finds no setting reaching its target recall (or exact is cheaper), the
-    default query answers by brute force and says so; a query's own knobs still reach the lists."""
+    default query answers by brute force and says so; a query's own knobs still reach the lists.
+    ``answers_only``: the trials' candidates reach it but no finalist's answers do (the coarse
+    ranking lost true rows): no sketch search either."""
     from gmmlsh.index import tuner
 
     X, _, Q, _ = fmnist
-    monkeypatch.setattr(tuner, "_recall", lambda *a: 0.0)  # nothing reaches the target
+    # nothing reaches the target; or only the candidates do
+    monkeypatch.setattr(tuner, "_recall", lambda *a, scored=False: 1.0 if answers_only and not scored else 0.0)
     with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         ix.upsert(_ids(0, 3000), X[:3000])
         done = ix.maintain()
@@ -388,6 +393,7 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
                                   for (_, sims, _), t in zip(found, tenth, strict=True)])
             bound = per_query.mean() - tuner.CONFIDENCE_Z * per_query.std(ddof=1) / np.sqrt(len(qs))
             assert tuner._recall(view, qs, truth, params, ix.config) == pytest.approx(bound, abs=1e-12)
+            assert tuner._recall(view, qs, truth, params, ix.config, scored=True) == pytest.approx(bound, abs=1e-12)
 
 
 def test_lists_are_rebuilt_as_the_index_grows_and_drop_retired_rows(tmp_path, fmnist):

@@ -106,6 +106,34 @@ def test_postings_search_with_everything_read_and_reranked_is_exact(tmp_path, si
             np.testing.assert_allclose([n.similarity for n in narrow.neighbors], want, rtol=1e-6)
 
 
+def test_postings_search_on_a_fresh_thread_whatever_the_row_count(tmp_path):
+    """A thread's first query sizes its scratch to twice the rows; at an odd count (2,501 here,
+    Brown's 4,505 alike) that is no whole number of 64-bit words, and the selection, which
+    reads levels four at a time, must still read only the rows (regression: it raised)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gmmlsh.index.generation import MIN_ROWS
+
+    X = _zipf_text(2501, 800, seed=7)
+    assert X.shape[0] >= MIN_ROWS and 2 * X.shape[0] % 4
+    Q = _zipf_text(5, 800, seed=8)
+    with Index.open(tmp_path / "p", IndexConfig(dim=800), search={"rare": 1.0, "candidates": 2501},
+                    maintain=False) as ix:
+        ix.upsert([str(i) for i in range(X.shape[0])], X)
+        ix.maintain()
+        assert ix.view().generation.rows == X.shape[0]
+
+        def both(i):
+            return ix.query(Q[i], k=10, mode="postings"), ix.query(Q[i], k=10, mode="exact")
+
+        for i in range(Q.shape[0]):
+            with ThreadPoolExecutor(1) as fresh:  # a new thread: no scratch yet
+                got, want = fresh.submit(both, i).result()
+            assert got.mode == "postings"
+            np.testing.assert_allclose([n.similarity for n in got.neighbors],
+                                       [n.similarity for n in want.neighbors], rtol=1e-9)
+
+
 @pytest.fixture(scope="module")
 def brown():
     path = DATA / "brown-passages.npz"
