@@ -10,7 +10,9 @@ query (whatever the index chose) and ``mode=exact``, one query per call on one
 thread. Recall@10 counts a neighbour as found when its exact similarity reaches the
 true 10th (text has ties there). Exact answers are compared with a brute-force
 scipy reference. At 4,505 rows the same is done through the REST API on an index
-the server created itself from ``GMMLSH_DIM`` alone (the passages POSTed sparse).
+the server created itself from ``GMMLSH_DIM`` alone (the passages POSTed sparse), and
+the queries are also answered by ``gmmlsh query`` (one command per query) on the index
+``gmmlsh build`` made, before it has served anything.
 """
 
 from __future__ import annotations
@@ -67,7 +69,21 @@ def _timed(ix: Index, Q: sp.csr_matrix, **kw) -> tuple[float, list]:
     return len(rows) / (time.perf_counter() - t), res
 
 
-def run_size(n: int, nq: int, workdir: Path) -> dict:
+def _cli_queries(path: Path, Q: sp.csr_matrix, workdir: Path) -> list[list[float]]:
+    """Each query's neighbours' similarities as ``gmmlsh query`` prints them (one command per
+    query, the vector read from an .npz file), on the index exactly as ``gmmlsh build`` left it."""
+    qfile = workdir / "queries.npz"
+    sp.save_npz(qfile, Q, compressed=False)
+    sims = []
+    for i in range(Q.shape[0]):
+        out = subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", "query", "--index", str(path),
+                              "--vector-file", str(qfile), "--row", str(i), "-k", "10", "--json"],
+                             capture_output=True, text=True, check=True)
+        sims.append([nb["similarity"] for nb in json.loads(out.stdout)["neighbors"]])
+    return sims
+
+
+def run_size(n: int, nq: int, workdir: Path, cli: bool = False) -> dict:
     X = sparse_data.data(n)
     _, true_sims = sparse_data.truth(n, nq)
     tenth = true_sims[:, 9]
@@ -81,6 +97,12 @@ def run_size(n: int, nq: int, workdir: Path) -> dict:
                           "--index", str(path), "--no-progress", "--json"], capture_output=True, text=True, check=True)
     build_s = time.perf_counter() - t
     summary = json.loads(out.stdout)
+    at_build = {}
+    if cli:
+        at_build["cli_recall"] = _recall(_cli_queries(path, Q, workdir), tenth)
+    with Index.open(path, maintain=False) as built:  # its served-query sample goes with it
+        at_build["api_recall"] = _recall([[nb.similarity for nb in built.query(Q[i], k=10).neighbors]
+                                          for i in range(Q.shape[0])], tenth)
     ix = Index.open(path, maintain=False)
     for i in range(warm.shape[0]):
         ix.query(warm[i], k=10)
@@ -108,7 +130,8 @@ def run_size(n: int, nq: int, workdir: Path) -> dict:
         r.pop("sims")
     stats = ix.stats()
     ix.close()
-    return {"n": n, "build_s": build_s, "tuned_at_build": summary["upkeep"].get("tuned"), "retuned": retuned,
+    return {"n": n, "build_s": build_s, "tuned_at_build": summary["upkeep"].get("tuned"), "at_build": at_build,
+            "retuned": retuned,
             "search": stats["search"], "rows": rows, "exact_max_abs_error_vs_scipy": exact_err,
             "disk_bytes": stats["mirror"]["disk_bytes"] + stats["store"].get("bytes", 0)}
 
@@ -163,6 +186,13 @@ def report(results: list[dict], rest: dict | None) -> list[str]:
         L.append(f"| {r['n']:,} | {r['build_s']:.1f} s | {chosen} | {d['mode']}, {d['recall']:.3f}, {d['qps']:,.0f} | "
                  f"{e['qps']:,.0f} ({1e3 / e['qps']:.2f}) | {d['qps'] / e['qps']:.1f}× | "
                  f"{w['recall']:.3f}, {w['qps']:,.0f} | {r['exact_max_abs_error_vs_scipy']:.1e} |")
+    for r in results:
+        a = r["at_build"]
+        line = f"\nAs `gmmlsh build` left the {r['n']:,}-row index (tuned on stored rows, nothing served yet): " \
+               f"recall@10 {a['api_recall']:.3f} through the Python API"
+        if "cli_recall" in a:
+            line += f", {a['cli_recall']:.3f} through `gmmlsh query` (one command per query)"
+        L.append(line + ".")
     if rest:
         L.append(f"\nREST API, server-created index (GMMLSH_DIM only), 4,505 passages POSTed sparse: "
                  f"mode {rest['mode']}, recall@10 {rest['recall']:.3f}, {rest['qps']:,.0f} queries/s over HTTP, "
@@ -179,7 +209,8 @@ def main() -> None:
     a = p.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="gmmlsh-sparse-"))
     try:
-        results = [run_size(int(n), a.queries, workdir) for n in a.sizes.split(",")]
+        results = [run_size(int(n), a.queries, workdir, cli=int(n) == sparse_data.PASSAGES)
+                   for n in a.sizes.split(",")]
         rest = run_rest(a.queries, workdir) if a.rest else None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

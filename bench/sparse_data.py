@@ -20,6 +20,8 @@ from bench.common import DATA, data_main
 from bench.scale_data import CACHE
 from gmmlsh.core.gmm import gmm_many, l1_norms
 
+#: Rows of the Brown passages themselves (the training split).
+PASSAGES = 4505
 WORDS = 200
 MIX = 0.8
 
