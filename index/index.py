@@ -358,18 +358,28 @@ class Index:
         return view.rows >= 2 * max(view.tuned_rows, 1) or (
             not view.tuned_on_queries and len(self.served.rows) >= tuner.MIN_QUERIES)
 
-    def maintain(self) -> dict:
+    def maintain(self, queries=None) -> dict:
         """Build a new generation of inverted lists and re-tune the search, where due.
 
         Runs in the background on its own (``maintain=True``); a bulk load calls it at
         the end. One process of the machine does it at a time; the others pick up the
-        result. Returns what was done.
+        result (with ``queries``, it waits for them). Returns what was done.
+
+        ``queries`` (dense 2-D or CSR, at least :data:`tuner.MIN_QUERIES` rows; the tuner
+        takes :data:`tuner.MAX_QUERIES` of them, spread evenly): queries like those the
+        index will serve, to tune on now, as if it had served them. Without them an index
+        tunes on stored vectors until it has served enough queries, and stored vectors can
+        be much easier queries than new ones where the data hold near-copies (measured on
+        text resampled to 200,000 rows: recall 0.72 on new passages, 0.97 once tuned on
+        queries).
         """
+        given = tuner.sample_queries(queries, self.config.dim) if queries is not None else None
         done: dict = {}
-        if not self._maintaining.acquire(blocking=False):
+        wait = given is not None  # upkeep under way elsewhere: given queries wait their turn
+        if not self._maintaining.acquire(blocking=wait):
             return done
         try:
-            with self.mirror.locked("maintain", blocking=False) as mine:
+            with self.mirror.locked("maintain", blocking=wait) as mine:
                 if not mine:
                     return done
                 view = self.mirror.sync(self.store)
@@ -378,8 +388,9 @@ class Index:
                                             self.config.bits, seed=self.config.seed)
                     view = self.mirror.publish(generation=name)
                     done["generation"] = view.generation.number
-                if self._tuning_due(view):
-                    served = self.served.take(tuner.MAX_QUERIES) if len(self.served.rows) >= tuner.MIN_QUERIES else None
+                if (given is not None and view.rows >= tuner.MIN_ROWS) or self._tuning_due(view):
+                    served = given or (self.served.take(tuner.MAX_QUERIES)
+                                       if len(self.served.rows) >= tuner.MIN_QUERIES else None)
                     params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
                     self.mirror.publish(search=params, tuned_rows=view.rows, tuned_on_queries=served is not None)
                     self.last_tuning = report
@@ -400,7 +411,7 @@ class Index:
             "count": self.count(),
             "config": self.config.to_dict(),
             "search": {**self.params(view).to_dict(), "tuned_at_rows": view.tuned_rows,
-                       "tuned_on": "served queries" if view.tuned_on_queries else "stored vectors",
+                       "tuned_on": "queries" if view.tuned_on_queries else "stored vectors",
                        "overrides": self.overrides},
             "mirror": {"rows": view.rows, "lists": gen.lists if gen else 0, "listed_rows": view.tail_start,
                        "tail_rows": view.rows - view.tail_start, "disk_bytes": self.mirror.disk_bytes()},

@@ -29,9 +29,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from gmmlsh.core.validate import VectorError
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
-from gmmlsh.index.records import SparseRow, codes_of
+from gmmlsh.index.records import SparseRow, as_stored, codes_of
 from gmmlsh.index.search import (
     Prepared,
     prepare_row,
@@ -120,6 +121,18 @@ class QuerySample:
         return [r.csr() if isinstance(r, SparseRow) else r for r in rows]
 
 
+def sample_queries(queries, dim: int) -> list:
+    """Given sample queries (dense 2-D or CSR, see :meth:`Index.maintain`), validated (errors name
+    the field ``queries``), as :func:`tune` takes them: up to :data:`MAX_QUERIES` 1-row batches,
+    spread evenly over the rows."""
+    X32 = as_stored(queries, dim, "queries")
+    n = X32.shape[0]
+    if n < MIN_QUERIES:
+        raise VectorError("queries", f"{n} rows: tuning needs at least {MIN_QUERIES} sample queries")
+    picked = np.linspace(0, n - 1, min(n, MAX_QUERIES)).round().astype(np.int64)
+    return [X32[i:i + 1] for i in picked]
+
+
 def _truth(view: View, qs: list[Prepared]) -> list:
     """Each sample query's rows at or above its true 10th similarity (:func:`recall`), by exact
     search in batches of :data:`_TRUTH_BATCH` queries: an answer may hold buffers the size of
@@ -137,7 +150,7 @@ def _sample(view: View, config: IndexConfig, queries: int, seed: int, served: li
     """Sample queries, and what they are: served queries when given, else stored vectors."""
     if served:
         rows = served[:queries]
-        return [q for X32 in rows for q in prepare_vectors(X32, config)], f"{len(rows)} served queries"
+        return [q for X32 in rows for q in prepare_vectors(X32, config)], f"{len(rows)} queries"
     live = np.flatnonzero(view.alive)
     rng = np.random.default_rng(seed)
     rows = rng.choice(live, size=min(queries, live.shape[0]), replace=False)

@@ -27,6 +27,7 @@ import pytest
 import scipy.sparse as sp
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 
+from gmmlsh.core.validate import VectorError
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.ingest.build import build, invalid_rows
@@ -248,6 +249,32 @@ def test_check_and_bench_hooks(tmp_path, capsys):
     assert code == 0
     code, _, err = cli(capsys, "bench", "no-such-benchmark")
     assert code == 2 and "no benchmark 'no-such-benchmark'" in err
+
+
+def test_build_tunes_on_sample_queries_refusing_bad_ones_before_writing(tmp_path, fmnist, capsys):
+    """``--tune-queries``: the search is tuned on those queries, and says so; too few of them, or
+    one the index could not take, stop the command before it creates anything."""
+    X, Q = fmnist[0][:2000], fmnist[2][:150].astype(np.float32)
+    bad = Q.copy()
+    bad[140, 3] = np.nan
+    np.save(tmp_path / "x.npy", X)
+    np.savez(tmp_path / "q.npz", few=Q[:10], bad=bad, queries=Q)
+    idx = tmp_path / "idx"
+    for key, says in (("few", "10 rows: tuning needs at least 128 sample queries"),
+                      ("bad", "queries[140]: values must be finite")):
+        code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--tune-queries", tmp_path / "q.npz",
+                           "--tune-queries-key", key, "--no-progress")
+        assert code == 2 and f"--tune-queries {tmp_path / 'q.npz'}: " in err and says in err, err
+        assert not idx.exists()
+    code, out, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--tune-queries", tmp_path / "q.npz",
+                         "--tune-queries-key", "queries", "--no-progress", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["upkeep"]["tuned"]["sample"] == "150 queries" and summary["search"]["tuned_on"] == "queries"
+    with Index.open(str(idx), None, create=False, maintain=False) as ix:  # the Python API: the same check
+        with pytest.raises(VectorError, match=r"queries\[140\]"):
+            ix.maintain(queries=bad)
+        assert ix.stats()["search"] == summary["search"]
 
 
 def test_ids_file_inline_vector_info_and_tuned_search(tmp_path, fm, capsys):

@@ -527,7 +527,7 @@ def test_health_stats_metrics(server, loaded, backend):
         assert stats["config"]["dim"] == DIM and stats["config"]["samples"] == 128
         assert stats["count"] == loaded.count()
         assert stats["service"]["max_k"] == MAX_K
-        assert stats["search"]["tuned_on"] == "served queries" and stats["search"]["candidates"] >= 1
+        assert stats["search"]["tuned_on"] == "queries" and stats["search"]["candidates"] >= 1
         assert stats["mirror"]["rows"] >= stats["count"] and stats["pid"] > 0
         assert "path" not in stats["store"] and backend.tmp.name not in str(stats)  # no server paths
         c.get("/neighbors", params={"id": "v1", "k": 3})

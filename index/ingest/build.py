@@ -46,6 +46,7 @@ from gmmlsh.core.validate import VectorError, first_bad_row
 from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
 from gmmlsh.index.records import as_stored, decode_rows
 from gmmlsh.index.store.base import RecordBatch
+from gmmlsh.index.tuner import sample_queries
 
 _logger = logging.getLogger(__name__)
 
@@ -398,7 +399,7 @@ def _progress_bar(reader: Reader, progress: bool | None, log):
 
 def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: bool | None = None,
           resume: bool = True, on_invalid: str = "error", prefetch: int = 2, log=None,
-          handle_signals: bool = True) -> BuildSummary:
+          handle_signals: bool = True, tune_queries=None) -> BuildSummary:
     """Stream ``reader`` into ``index``; returns what was done.
 
     ``progress``: True/False, or None for "when stderr is a terminal".
@@ -408,6 +409,8 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     such rows out and counts them. Raises :class:`InputFormatError` for bad
     input and whatever the store raises for storage failures; an interrupt
     (SIGINT/SIGTERM) ends the build early with ``interrupted=True``.
+    ``tune_queries`` (dense 2-D or CSR): sample queries the search is tuned on at the end
+    (see :meth:`Index.maintain`), checked before anything is read.
     """
     if on_invalid not in ("error", "skip"):
         raise ValueError(f"on_invalid: expected 'error' or 'skip', got {on_invalid!r}")
@@ -420,6 +423,8 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     elif reader.dim != dim:
         raise InputFormatError(reader.paths[0] if len(reader.paths) == 1 else None,
                                f"input has dimension {reader.dim}, the index has {dim}")
+    if tune_queries is not None:
+        sample_queries(tune_queries, dim)  # bad sample queries fail now, not after the build
     summary = BuildSummary()
     t0 = time.perf_counter()
     stop = threading.Event()
@@ -467,7 +472,7 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
         follower.close()
         if not summary.interrupted:
             bar.set_postfix_str("building search lists and tuning the search", refresh=True)
-            summary.upkeep = index.maintain()
+            summary.upkeep = index.maintain(queries=tune_queries)
     finally:
         stop.set()
         follower.close()

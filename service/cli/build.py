@@ -32,7 +32,9 @@ Reads .npy (memory-mapped), .npz, .csv/.tsv, .parquet, LIBSVM/svmlight (.svm,
 .gz text files too. Several inputs are read in order as one stream, in chunks
 (memory stays bounded whatever the file size), hashed on all cores and written
 one transaction per chunk, with a progress bar and a summary. At the end the
-index builds its search lists and tunes its search for the data.
+index builds its search lists and tunes its search for the data: on stored
+vectors, or on --tune-queries, sample queries like those it will serve (better
+where the data hold near-copies, which make stored vectors easy queries).
 
 Ids are the row numbers ("0", "1", ... running on across inputs) unless --ids
 FILE (one id per line) or --id-column names them. A new index takes the
@@ -50,11 +52,13 @@ Examples:
   gmmlsh build data.svm --redis redis://localhost:6379/0 --prefix news
   gmmlsh build part1.csv part2.csv --index ./idx --id-column id --label-column label
   gmmlsh build base.fvecs --index ./idx --ids names.txt --samples 256
+  gmmlsh build docs.svm --index ./idx --tune-queries held-out.svm
 """
 
 
 def add(sub) -> None:
     from gmmlsh.index.config import CREATION_FIELDS, IndexConfig, describe
+    from gmmlsh.index.tuner import MAX_QUERIES, MIN_QUERIES
 
     p = sub.add_parser("build", help="build an index from vector files", description=HELP, epilog=EXAMPLE,
                        formatter_class=Formatter)
@@ -84,6 +88,11 @@ def add(sub) -> None:
         if name != "dim":
             opt(g, "--" + name.replace("_", "-"), type=whole_number if types[name] is int else float,
                 metavar=name.upper(), help=describe(name))
+    g = p.add_argument_group("tuning")
+    opt(g, "--tune-queries", metavar="FILE",
+        help=f"sample queries to tune the search on (any input format; at least {MIN_QUERIES} rows, "
+        f"the first {MAX_QUERIES} used)")
+    opt(g, "--tune-queries-key", metavar="KEY", help="npz --tune-queries: array to read (default: the first)")
     g = p.add_argument_group("run")
     opt(g, "--chunk-rows", type=positive_int, help="rows per chunk / write transaction (default: ~32 MB)")
     opt(g, "--overwrite", action="store_true", default=False,
@@ -101,6 +110,35 @@ def add(sub) -> None:
 
 def zero_based(v: str) -> bool | str:
     return {"yes": True, "no": False, "auto": "auto"}[v]
+
+
+def _tune_queries(args, dim: int):
+    """The first :data:`tuner.MAX_QUERIES` rows of ``--tune-queries`` (dense or CSR), checked as
+    sample queries; None without the option."""
+    from gmmlsh.core.validate import VectorError
+    from gmmlsh.index.ingest.base import stack
+    from gmmlsh.index.ingest.readers import InputFormatError, detect_format, open_reader
+    from gmmlsh.index.tuner import MAX_QUERIES, sample_queries
+
+    if not args.tune_queries:
+        return None
+    svm = detect_format(args.tune_queries) == "svmlight"
+    reader = open_reader(args.tune_queries, dim=dim if svm else None, key=args.tune_queries_key,
+                         zero_based=zero_based(args.zero_based))
+    parts, rows = [], 0
+    for chunk in reader.chunks():
+        parts.append(chunk.X[:MAX_QUERIES - rows])
+        rows += parts[-1].shape[0]
+        if rows == MAX_QUERIES:
+            break
+    if reader.dim != dim:
+        raise InputFormatError(args.tune_queries, f"has dimension {reader.dim}, the index has {dim}")
+    Q = stack(parts)
+    try:
+        sample_queries(Q, dim)
+    except VectorError as exc:
+        raise UsageError(f"--tune-queries {args.tune_queries}: {exc}") from None
+    return Q
 
 
 def run(args) -> int:
@@ -129,6 +167,11 @@ def run(args) -> int:
             index.close()
             raise UsageError(f"the index at {describe_location(kind, loc, prefix)} exists with other parameters: "
                              f"{'; '.join(diffs)}. Leave them out to add to it, or build into a new location")
+        try:
+            queries = _tune_queries(args, cfg.dim)
+        except Exception:
+            index.close()
+            raise
     else:
         if reader.needs_scan():
             print(f"scanning {', '.join(reader.paths)} for the dimension (give --dim to skip) ...", file=log,
@@ -138,6 +181,7 @@ def run(args) -> int:
             config = IndexConfig(dim=reader.dim, **given)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        queries = _tune_queries(args, config.dim)  # checked before anything is created
         if args.collection != "default":
             with collections_of(args) as cols:
                 cols.create(args.collection, config, args.indexed_fields or [])
@@ -148,7 +192,7 @@ def run(args) -> int:
         print("compiling kernels (first run only: numba keeps them for the next runs) ...", file=log, flush=True)
     with index:
         summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
-                        on_invalid="skip" if args.skip_invalid else "error", log=log)
+                        on_invalid="skip" if args.skip_invalid else "error", log=log, tune_queries=queries)
         search = index.stats()["search"]
     mirror = index.mirror.dir
     del index  # its mappings of the mirror's files, so that they can be read again in 2 MiB pages
