@@ -18,7 +18,7 @@ the coordinates both hold. So the sparse rows of a generation are also kept as *
   scored exactly.
 
 A head column stores each row's value as a level (``scale`` × level, one scale for all
-columns: 1 for counts, which are then exact): a byte a row, or, where all but a few of the
+columns: 1 for counts up to 255, which are then exact): a byte a row, or, where all but a few of the
 column's levels fit in 4 bits (every word of short passages but the commonest, the few
 others saturating at 15), half a byte — two rows a byte. The pass over the head columns
 streams their bytes from memory, and that is its cost: on 200,000 passages a query's 45
@@ -44,7 +44,8 @@ from gmmlsh.core.select import GROUP, choose
 #: rows, 1/8 reached recall@10 0.973 in 0.35 ms a query where 1/16 took 0.41 ms (1/4 lost
 #: recall: 0.94 at its best).
 HEAD_SHARE = 1 / 8
-#: Most head columns a generation keeps (the commonest coordinates).
+#: Most head columns a generation keeps (the commonest coordinates). A row's head sum is at
+#: most HEAD_MAX × BYTE_LEVELS = 65,280 levels: it is kept in uint16.
 HEAD_MAX = 256
 #: Highest level of a head column of bytes, and of one packed two rows a byte.
 BYTE_LEVELS = 255
@@ -125,7 +126,7 @@ def head_columns(post_starts: np.ndarray, post_rows: np.ndarray, post_vals: np.n
     column below the number of byte columns is a row of ``bytes`` ((columns, rows) uint8
     levels), any other a row of ``nibbles`` ((columns, ⌈rows/2⌉) uint8: the 4-bit levels of
     rows 2i in the low half of byte i, 2i + 1 in the high half); ``scale`` (1,) float32, the
-    value of one level (1 where every head value is a count: then levels are exact up to
+    value of one level (1 where every head value is a count up to 255: then levels are exact up to
     255). No head columns where a head value is negative."""
     held = np.diff(post_starts)
     coords = np.flatnonzero(held >= max(1.0, HEAD_SHARE * sparse_rows))
@@ -139,7 +140,7 @@ def head_columns(post_starts: np.ndarray, post_rows: np.ndarray, post_vals: np.n
             break
         top = max(top, float(vals.max()))
         counts = counts and bool(np.array_equal(vals, np.rint(vals)))
-    scale = np.float32(1.0 if counts or top == 0 else top / BYTE_LEVELS)
+    scale = np.float32(1.0 if counts and top <= BYTE_LEVELS or top == 0 else top / BYTE_LEVELS)
     levels = [np.minimum(BYTE_LEVELS, np.rint(np.asarray(post_vals[lo:hi]) / scale)).astype(np.uint8)
               for lo, hi in spans]
     small = [bool((lv > NIBBLE_LEVELS).mean() <= SATURATED_SHARE) for lv in levels]
@@ -161,17 +162,17 @@ def head_columns(post_starts: np.ndarray, post_rows: np.ndarray, post_vals: np.n
 
 @njit(nogil=True, cache=True)
 def _byte_add(acc, column, level):
-    """``acc[r] += min(level, column[r])`` for every row of a block (int16: one vectorised pass)."""
-    lv = np.int16(level)
+    """``acc[r] += min(level, column[r])`` for every row of a block (uint16: one vectorised pass)."""
+    lv = np.uint16(level)
     for r in range(acc.shape[0]):
-        acc[r] += min(lv, np.int16(column[r]))
+        acc[r] += min(lv, np.uint16(column[r]))
 
 
 @njit(nogil=True, cache=True)
 def _nibble_add(even, odd, packed, level):
     """``min(level, v)`` of every row of a block's packed head column into the uint8 counters of
     its even (low halves) and odd (high halves) rows: one vectorised pass, 128 rows a vector
-    instruction (the caller flushes the counters into int16 before they could pass 255)."""
+    instruction (the caller flushes the counters into uint16 before they could pass 255)."""
     lv = np.uint8(level)
     low = np.uint8(NIBBLE_LEVELS)
     for i in range(packed.shape[0]):
@@ -185,8 +186,8 @@ def _flush(acc, even, odd):
     """``acc`` (rows of the block in order) ``+=`` the counters of its even and odd rows, which
     are zero again after."""
     for i in range(even.shape[0]):
-        acc[2 * i] += np.int16(even[i])
-        acc[2 * i + 1] += np.int16(odd[i])
+        acc[2 * i] += np.uint16(even[i])
+        acc[2 * i + 1] += np.uint16(odd[i])
         even[i] = 0
         odd[i] = 0
 
@@ -201,7 +202,8 @@ def _block_levels(head, rare, scale, qn, norms, alive, out):
     q = np.float32(qn)
     for i in range(head.shape[0]):
         a = np.float32(head[i]) * scale + rare[i]
-        out[i] = np.uint16(np.int32(top * a / (q + norms[i] - a)) * np.int32(alive[i] != 0))
+        level = min(top, max(np.float32(0.0), top * a / (q + norms[i] - a)))  # rounded levels can pass 1
+        out[i] = np.uint16(np.int32(level) * np.int32(alive[i] != 0))
 
 
 #: Rows whose sums are kept at a time (in the core's second-level cache; even).
@@ -213,7 +215,7 @@ _AHEAD = 8
 
 @njit(nogil=True, cache=True)
 def _head_block(acc, even, odd, head_bytes, head_nibbles, heads, marks, nb, lo, size):
-    """The head columns' sums of rows ``[lo, lo + size)`` (``lo`` even) into ``acc`` (int16, at
+    """The head columns' sums of rows ``[lo, lo + size)`` (``lo`` even) into ``acc`` (uint16, at
     least ``size`` rounded up to even): the query's first ``nb`` heads are byte columns, the
     rest packed ones, summed through the uint8 counters ``even``/``odd`` while their levels allow."""
     for i in range(nb):
@@ -262,7 +264,7 @@ def postings_search(qbuf, qidx, qn, exclude, alive, norms, norms32, post_starts,
     coordinates; ``norms32``: the rows' norms in float32 (what ranking needs, half the bytes of
     ``norms``, which the exact scores read); ``levels``: uint16 scratch of at least ``rows`` rounded up to a group.
     Rows are taken a block at a time, so that every sum stays in the cache: the head columns
-    summed into the block's counters (in uint8 while the query's levels allow, then in int16),
+    summed into the block's counters (in uint8 while the query's levels allow, then in uint16),
     the rare terms' postings of the block added, and each row's partial similarity cut to a
     level; the best ``candidates`` levels are then chosen (:func:`gmmlsh.core.select.choose`)."""
     scale = head_scale[0]
@@ -293,7 +295,7 @@ def postings_search(qbuf, qidx, qn, exclude, alive, norms, norms32, post_starts,
     marks[nb:nb + nn] = marks[qidx.shape[0] - nn:]
     heads, marks = heads[:nb + nn], marks[:nb + nn]
     cursor, ends, qvals = cursor[:nr], ends[:nr], qvals[:nr]
-    block = np.zeros(_BLOCK, dtype=np.int16)
+    block = np.zeros(_BLOCK, dtype=np.uint16)
     even, odd = np.zeros(_BLOCK // 2, dtype=np.uint8), np.zeros(_BLOCK // 2, dtype=np.uint8)
     rare = np.zeros(_BLOCK, dtype=np.float32)
     padded = (rows + GROUP - 1) // GROUP * GROUP

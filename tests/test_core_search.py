@@ -207,6 +207,19 @@ def test_coarse_rows_give_gmm_within_their_quantisation():
     assert np.diff(coff).tolist() == [12 if r % 2 else 12 + 52 for r in range(60)]  # header, or header and levels
 
 
+def test_coarse_gmm_stays_a_similarity_where_rounding_adds_to_a_row():
+    """Rounding can give a row more than it holds: a query equal to the rounded values of a row
+    (127 and 0.6s, levels 127 and 1s) shares 227 with its coarse copy against a norm of 187, a
+    ratio of 1.21 — as a level, past the histogram candidates are chosen by. A coarse GMM is a
+    similarity: at most 1 (``_ratio`` caps it)."""
+    row = np.r_[127.0, np.full(100, 0.6)].astype(np.float32)
+    voff, vi, vf, norms, coff, cdata = _mirror_rows(np.vstack([row, row]))  # row 0 stored dense
+    q = np.r_[127.0, np.ones(100)]
+    got = coarse_gmm(q.astype(np.float32), float(q.sum()), coff, cdata.view(np.int8), cdata.view(np.float32),
+                     cdata.view(np.int32), 0)
+    assert gmm(q, row.astype(np.float64)) < got <= 1.0
+
+
 def _lists(first, planes, listed, nlist, words, bits):
     """A generation's lists over rows ``[0, listed)`` as the search kernel reads them: k-modes of
     the first-stage rows, profiles of those lists, every row in the list of its best profile."""

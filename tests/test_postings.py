@@ -134,6 +134,37 @@ def test_postings_search_on_a_fresh_thread_whatever_the_row_count(tmp_path):
                                        [n.similarity for n in want.neighbors], rtol=1e-9)
 
 
+def test_postings_search_ranks_large_counts_over_many_head_columns(tmp_path):
+    """k-mer-like counts: every row holds the same 300 coordinates (256 of them head columns,
+    the most kept) with counts up to ~1,000, in families of similar rows, and a few rare ones.
+    Levels (the largest count / 255 each) summed over 256 columns reach 65,280: the head sums
+    must hold that, and counts above 255 must not all look alike; the postings search then
+    finds what exact search finds."""
+    rng = np.random.default_rng(11)
+    n, dim, common = 2500, 2000, 300
+    base = rng.integers(100, 1000, size=(40, common))
+
+    def rows(m):
+        counts = np.clip(base[rng.integers(0, 40, m)] + rng.normal(0, 60, (m, common)), 1, None).round()
+        rare = np.sort(rng.choice(np.arange(common, dim), size=(m, 5)), axis=1)
+        dense = np.zeros((m, dim), np.float32)
+        dense[:, :common] = counts
+        np.put_along_axis(dense, rare, rng.integers(1, 5, (m, 5)).astype(np.float32), axis=1)
+        return sp.csr_matrix(dense)
+
+    X, Q = rows(n), rows(10)
+    with Index.open(tmp_path / "k", IndexConfig(dim=dim), search={"rare": 1.0, "candidates": 100},
+                    maintain=False) as ix:
+        ix.upsert([str(i) for i in range(n)], X)
+        ix.maintain()
+        assert ix.view().generation.postings_search
+        for i in range(Q.shape[0]):
+            got = ix.query(Q[i], k=10, mode="postings")
+            want = ix.query(Q[i], k=10, mode="exact")
+            np.testing.assert_allclose([nb.similarity for nb in got.neighbors],
+                                       [nb.similarity for nb in want.neighbors], rtol=1e-9)
+
+
 @pytest.fixture(scope="module")
 def brown():
     path = DATA / "brown-passages.npz"
