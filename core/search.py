@@ -186,8 +186,9 @@ def search(qp, qf, words, two, qbuf, qn, exclude, profiles, starts, lrows, lfirs
         out_rows[:nb] = best
         out_sims[:nb] = 0.0
         return nb, scanned, nb
-    ranked_by_gmm = -1
+    ranked_by_gmm = -1  # no coarse stage: every candidate is scored exactly
     if refine < nb:
+        ranked_by_gmm = 0
         levels = cdata.view(np.int8)
         head = cdata.view(np.float32)
         counts = cdata.view(np.int32)
@@ -209,7 +210,6 @@ def search(qp, qf, words, two, qbuf, qn, exclude, profiles, starts, lrows, lfirs
                 ranked_by_gmm += 1
             else:
                 coarse[t] = 0
-        ranked_by_gmm += 1
         best = select(best, coarse, nb, refine, _GMM_LEVELS)
         nb = best.shape[0]
     n = 0

@@ -33,23 +33,13 @@ def select(ids, scores, m, count, top):
     """The ``count`` entries of ``ids[:m]`` with the highest ``scores`` (integers in
     ``[0, top]``), in their original order; ties at the cut go to the earliest.
 
-    A counting pass over the small integer scores: no sort of ``m`` values.
+    A counting pass over the small integer scores (:func:`keep_best`, on copies): no sort of
+    ``m`` values.
     """
+    refs = ids[:m].copy()
     if count >= m:
-        return ids[:m].copy()
-    hist = np.zeros(top + 1, dtype=np.int64)
-    for t in range(m):
-        hist[scores[t]] += 1
-    cut, room = _cut(hist, count)
-    out = np.empty(count, dtype=ids.dtype)
-    k = 0
-    for t in range(m):
-        s = scores[t]
-        if s > cut or (s == cut and room > 0):
-            room -= s == cut
-            out[k] = ids[t]
-            k += 1
-    return out[:k]
+        return refs
+    return refs[:keep_best(refs, scores[:m].copy(), m, count, top)[1]]
 
 
 @njit(nogil=True, cache=True)

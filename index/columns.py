@@ -276,29 +276,22 @@ class Blobs:
 
 
 @njit(nogil=True, cache=True)
-def _gather(offs1, data1, offs2, data2, rows, both):
-    """Rows ``rows`` of a variable-length column, or (``both``) of two — the first's rows, then
-    the second's — one after another in one buffer, and where each ends."""
+def _gather(columns, rows):
+    """Rows ``rows`` of each ``(offsets, data)`` column in turn, one after another in one buffer,
+    and where each ends."""
     n = rows.shape[0]
-    ends = np.empty(2 * n if both else n, dtype=np.int64)
+    ends = np.empty(len(columns) * n, dtype=np.int64)
     total = 0
-    for i in range(n):
-        total += offs1[rows[i] + 1] - offs1[rows[i]]
-        ends[i] = total
-    if both:
+    for j, (offs, _) in enumerate(columns):
         for i in range(n):
-            total += offs2[rows[i] + 1] - offs2[rows[i]]
-            ends[n + i] = total
+            total += offs[rows[i] + 1] - offs[rows[i]]
+            ends[j * n + i] = total
     out = np.empty(total, dtype=np.uint8)
     at = 0
-    for r in rows:
-        size = offs1[r + 1] - offs1[r]
-        out[at:at + size] = data1[offs1[r]:offs1[r] + size]
-        at += size
-    if both:
+    for offs, data in columns:
         for r in rows:
-            size = offs2[r + 1] - offs2[r]
-            out[at:at + size] = data2[offs2[r]:offs2[r] + size]
+            size = offs[r + 1] - offs[r]
+            out[at:at + size] = data[offs[r]:offs[r] + size]
             at += size
     return out, ends
 
@@ -316,7 +309,7 @@ def gather(offs: np.ndarray, data: np.ndarray, rows: list[int]) -> list[bytes]:
     gather and one copy to Python, not a slice and a copy per row."""
     if not rows:
         return []
-    out, ends = _gather(offs, data, offs, data, np.asarray(rows, dtype=np.int64), False)
+    out, ends = _gather(((offs, data),), np.asarray(rows, dtype=np.int64))
     return _split(out.tobytes(), ends.tolist())
 
 
@@ -325,6 +318,6 @@ def gather_two(first: tuple, second: tuple, rows: list[int]) -> tuple[list[bytes
     metadata: one compiled call for both)."""
     if not rows:
         return [], []
-    out, ends = _gather(*first, *second, np.asarray(rows, dtype=np.int64), True)
+    out, ends = _gather((first, second), np.asarray(rows, dtype=np.int64))
     raw, ends, n = out.tobytes(), ends.tolist(), len(rows)
     return _split(raw, ends[:n]), _split(raw, ends[n:], ends[n - 1])

@@ -19,7 +19,7 @@ from gmmlsh.core.rng import GENERATOR_VERSION
 FORMAT_VERSION = 2
 #: Largest ``k`` (neighbours) a query may ask for.
 MAX_K = 1000
-#: Largest rerank budget (vectors scored by exact GMM per query).
+#: Largest rerank budget (rows reranked by GMM per query, see :class:`SearchParams`).
 MAX_CANDIDATES = 100_000
 #: Most bits per code the rank pass of a sketch search reads (the bit planes a generation keeps
 #: in list order; 4 bits ranked Fashion-MNIST as well as 8).

@@ -229,10 +229,9 @@ def run_postings(view: View, q: Prepared, params: SearchParams) -> tuple[np.ndar
     rest = _unposted(view)
     rows, sims = np.empty(params.candidates + rest.shape[0], np.int64), np.empty(params.candidates + rest.shape[0])
     m = postings_search(q.dense, q.coordinates(), q.norm, q.exclude, view.alive, view.norms, g.norms32,
-                        g.post_starts,
-                        g.post_rows, g.post_vals, g.head_slot, g.head_bytes, g.head_nibbles, g.head_scale, g.rows,
-                        int(share * g.rows),
-                        params.candidates, view.voff, view.vi, view.vf, _scratch(g.rows).levels, rows, sims)
+                        g.post_starts, g.post_rows, g.post_vals, g.head_slot, g.head_bytes, g.head_nibbles,
+                        g.head_scale, g.rows, int(share * g.rows), params.candidates, view.voff, view.vi, view.vf,
+                        _scratch(g.rows).levels, rows, sims)
     if rest.shape[0]:
         m += exact_rows(q.dense, q.norm, q.exclude, view.alive, view.voff, view.vi, view.vf, view.norms, rest,
                         rows[m:], sims[m:])

@@ -136,7 +136,8 @@ class QueryParams(_Strict):
                                                 "postings (sparse rows through postings)")
     min_similarity: float | None = Field(None, ge=0.0, le=1.0)
     candidates: int | None = Field(None, ge=1,
-                                   description="rerank budget: rows scored by exact GMM (lsh and postings modes)")
+                                   description="rerank budget: rows reranked by GMM (postings: exactly; lsh: on "
+                                   "coarse copies, the best k + max(k, 10) exactly)")
     probes: int | None = Field(None, ge=0, description="inverted lists scanned (lsh mode; 0: all)")
     filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
 

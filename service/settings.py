@@ -65,7 +65,9 @@ class Settings(_creation_settings()):
                                   f"(default {DEFAULT_CACHE_DIR})")
 
     # --- search parameters (unset: what the index tuned for itself) ------------------------
-    candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES, description="rows scored by exact GMM per query")
+    candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES,
+                                   description="rerank budget: rows reranked by GMM per query (postings: "
+                                   "exactly; lsh: on coarse copies, the best k + max(k, 10) exactly)")
     probes: int | None = Field(None, ge=0, description="inverted lists scanned per query (0: all)")
     shortlist: int | None = Field(None, ge=1, description="rows ranked on every sample per query")
     rank_bits: int | None = Field(None, ge=1, le=RANK_BITS_MAX, description="bits per code in that ranking")

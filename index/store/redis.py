@@ -123,6 +123,11 @@ def _guarded(fn: Callable) -> Callable:
     return wrapper
 
 
+def _token_of(values: list) -> Token:
+    """A token from the shards' counters as ``MGET`` returns them (absent: 0)."""
+    return tuple(int(v) if v is not None else 0 for v in values)
+
+
 class RedisStore:
     """Redis implementation of :class:`gmmlsh.index.store.base.Store` (single server or Cluster).
 
@@ -413,7 +418,7 @@ class RedisStore:
                       for v in reply]
         else:
             values = r.mget(keys)
-        return tuple(int(v) if v is not None else 0 for v in values)
+        return _token_of(values)
 
     def token_later(self) -> Callable[[], Token]:
         """The token's ``MGET`` sent now on a connection of its own, its reply read when asked
@@ -441,7 +446,7 @@ class RedisStore:
                 return self.token()
             finally:
                 pool.release(conn)
-            return tuple(int(v) if v is not None else 0 for v in values)
+            return _token_of(values)
 
         return reply
 
