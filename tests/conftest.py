@@ -6,6 +6,8 @@ Backend fixtures live beside the tests that need them (``redis_fixtures.py``).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -34,3 +36,25 @@ def location(request: pytest.FixtureRequest, tmp_path) -> tuple[str, dict]:
         return str(tmp_path / "idx"), {}
     return request.getfixturevalue("redis_url"), {"prefix": f"t{uuid.uuid4().hex[:12]}",
                                                   "cache_dir": str(tmp_path / "cache")}
+
+
+#: The unprivileged user a root test run becomes where a test needs one (``nobody``).
+NOBODY = 65534
+
+
+@pytest.fixture
+def unprivileged() -> tuple[list[str], Path]:
+    """``(argv prefix, directory)``: how to run a command as an unprivileged user, and a fresh
+    directory that user owns. As root: ``nobody`` (through ``setpriv``), in a directory made
+    outside pytest's temporary base, which is root's and 0700 (nobody cannot even enter it);
+    otherwise the user running the tests, as they are. Removed afterwards."""
+    root = os.geteuid() == 0
+    if root and not shutil.which("setpriv"):
+        pytest.skip("running as root and setpriv is missing: cannot drop to an unprivileged user")
+    d = Path(tempfile.mkdtemp(prefix="gmmlsh-user-", dir="/tmp" if root else None))
+    try:
+        if root:
+            os.chown(d, NOBODY, NOBODY)
+        yield (["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if root else []), d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
