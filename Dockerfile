@@ -24,10 +24,9 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin gmmlsh \
 USER gmmlsh
 WORKDIR /home/gmmlsh
 
-# Numba's compiled-kernel cache must be writable (site-packages is not, for this user),
-# and is filled here, at image build time: containers start without compiling.
-ENV NUMBA_CACHE_DIR=/home/gmmlsh/.cache/numba \
-    GMMLSH_INDEX=/data/index
+# Kernels are compiled here, at image build time, as this user: numba caches them in its
+# home (~/.cache/gmmlsh/numba), so containers start without compiling.
+ENV GMMLSH_INDEX=/data/index
 RUN python -m gmmlsh.index.compile
 
 EXPOSE 8000

@@ -12,8 +12,34 @@ The names are imported on first use (PEP 562), so ``import gmmlsh`` — and the 
 
 from __future__ import annotations
 
+import os
+import sys
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+#: This machine's cache for gmmlsh (``$XDG_CACHE_HOME/gmmlsh``, else ``~/.cache/gmmlsh``): the
+#: compiled kernels (``numba/``) and the search mirrors of Redis indexes.
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gmmlsh"
+
+
+def _cache_kernels_outside_the_package() -> None:
+    """Point numba's on-disk kernel cache at ``CACHE_DIR/numba`` unless ``NUMBA_CACHE_DIR`` says
+    where. numba's default is a ``__pycache__`` beside each module, i.e. inside the installed
+    package: pip's uninstall leaves those folders behind (a later editable install is then
+    shadowed by them: ``No module named 'gmmlsh.index.index'``), and a read-only site-packages
+    cannot take them. Runs before gmmlsh imports numba (numba reads the variable when it is
+    imported; if something imported it first, its config is set too); processes started from
+    this one (server workers) inherit the variable."""
+    path = os.environ.get("NUMBA_CACHE_DIR") or str(CACHE_DIR / "numba")
+    os.environ["NUMBA_CACHE_DIR"] = path
+    numba = sys.modules.get("numba")
+    config = getattr(numba, "config", None)
+    if config is not None and not getattr(config, "CACHE_DIR", ""):
+        config.CACHE_DIR = path
+
+
+_cache_kernels_outside_the_package()
 
 if TYPE_CHECKING:
     from gmmlsh.client import ApiError, Client

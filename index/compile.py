@@ -1,7 +1,7 @@
 """Compile numba's kernels ahead of the first request (or find them in numba's cache).
 
 numba compiles a kernel on its first call and keeps the machine code on disk
-(``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``): the first build or
+(``~/.cache/gmmlsh/numba``, or ``NUMBA_CACHE_DIR``: see ``gmmlsh/__init__.py``): the first build or
 server start on a machine spends 10–20 s there in silence, and every uvicorn worker
 would do it again. :func:`compile_kernels` runs every path once on tiny indexes
 (dense and sparse, every mode, lists and tuning), so a server compiles once before
