@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gmmlsh import CACHE_DIR
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import generation, tuner
 from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
@@ -49,7 +50,7 @@ log = logging.getLogger("gmmlsh.index")
 #: Queries of a batch prepared at once (each holds a float64 buffer of the full dimension).
 _BATCH_CHUNK = 256
 #: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gmmlsh"
+DEFAULT_CACHE_DIR = CACHE_DIR
 
 
 class _MirrorBehind(Exception):
