@@ -125,7 +125,7 @@ def _writer(*args: str) -> subprocess.Popen:
 def _count_round_trips(monkeypatch, store: RedisStore) -> list[int]:
     calls: list[int] = []
     real = store._pipeline
-    monkeypatch.setattr(store, "_pipeline", lambda cmds: calls.append(len(cmds)) or real(cmds))
+    monkeypatch.setattr(store, "_pipeline", lambda cmds, **kw: calls.append(len(cmds)) or real(cmds, **kw))
     r = store._r()
     real_mget = r.mget
     monkeypatch.setattr(r, "mget", lambda *a, **kw: calls.append(1) or real_mget(*a, **kw))
@@ -336,6 +336,62 @@ def test_out_of_memory_is_disk_full_and_a_retry_completes(redis_server, redis_pr
     assert store.write_problem() is None
     store.write(big)
     assert store.count() == 6000
+    assert_consistent(store)
+    r.close()
+    store.close()
+
+
+def test_a_batch_refused_for_memory_stores_nothing_of_it(redis_server, redis_prefix, rng):  # noqa: F811
+    """Under maxmemory (noeviction) a batch is all or nothing: one script writes it, and Redis
+    refuses a script's first write that needs memory. Its shards' parts used to be scripts of
+    their own, and a refused batch had stored some of them (issue #35, item 16)."""
+    store = RedisStore(redis_server.url, prefix=redis_prefix)
+    r = redis.Redis.from_url(redis_server.url)
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", r.info("memory")["used_memory"] + 2_000_000)
+    acknowledged, refused = 0, None
+    try:
+        for b in range(100):
+            batch, _ = make_batch([f"b{b}-{i}" for i in range(200)], rng)
+            try:
+                store.write(batch)
+                acknowledged += len(batch)
+            except DiskFull:
+                refused = batch
+                break
+        assert refused is not None, "maxmemory was never reached"
+        assert store.count() == acknowledged
+        assert (store.lookup(refused.ids) == -1).all()
+        assert "out of memory" in store.write_problem()
+        assert_consistent(store)
+    finally:
+        r.config_set("maxmemory", 0)
+    assert store.write_problem() is None
+    r.close()
+    store.close()
+
+
+def test_a_cluster_batch_refused_by_a_full_node_says_which_ids_it_stored(redis_cluster_url, redis_prefix,  # noqa: F811
+                                                                          rng):
+    """A Cluster writes a batch one id shard at a time (a script's keys share a slot): when one
+    node is full, the other nodes' parts are stored, and the error names exactly those ids."""
+    store = RedisStore(redis_cluster_url, prefix=redis_prefix, cluster=True)
+    store.write(make_batch(["warm"], rng)[0])
+    r = redis.RedisCluster.from_url(redis_cluster_url)
+    full = r.get_primaries()[0]
+    r.config_set("maxmemory-policy", "noeviction", target_nodes=full)
+    r.config_set("maxmemory", 1, target_nodes=full)
+    try:
+        batch, _ = make_batch([f"x{i}" for i in range(300)], rng)
+        with pytest.raises(DiskFull, match="were stored") as ei:
+            store.write(batch)
+    finally:
+        r.config_set("maxmemory", 0, target_nodes=full)
+    stored = set(ei.value.stored)
+    assert 0 < len(stored) < 300
+    found = store.lookup(batch.ids)
+    assert {i for i, iid in zip(batch.ids, found.tolist(), strict=True) if iid >= 0} == stored
+    assert store.count() == 1 + len(stored)
     assert_consistent(store)
     r.close()
     store.close()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -42,7 +42,10 @@ Token = tuple[int, ...]
 
 
 class StoreError(RuntimeError):
-    """Base class of storage failures."""
+    """Base class of storage failures. ``stored``: ids of the failed write that were stored all
+    the same (only where a store cannot write a batch as one: a Redis Cluster's id shards)."""
+
+    stored: tuple[str, ...] = ()
 
 
 class StoreUnavailable(StoreError):
@@ -83,6 +86,14 @@ class RecordBatch:
         return np.fromiter(sorted(last.values()), dtype=np.int64, count=len(last))
 
 
+class Written(NamedTuple):
+    """What a write did: ``vectors`` ids written (an id given twice in a batch counts once: its
+    last row wins), ``replaced`` of them held a vector before (which the write replaced)."""
+
+    vectors: int
+    replaced: int
+
+
 @dataclass(frozen=True)
 class Changes:
     """What happened in a store between two tokens.
@@ -110,8 +121,9 @@ class Store(Protocol):
         """Store ``config`` if none is stored yet; return what is stored (atomically)."""
 
     # --- writes --------------------------------------------------------------------
-    def write(self, batch: RecordBatch) -> None:
+    def write(self, batch: RecordBatch) -> Written:
         """Insert or replace every record of the batch; a replaced id's old iid is retired.
+        Returns how many ids were written, and how many of them replaced a vector.
 
         A reader never sees half a record: LMDB commits the batch as one
         transaction; Redis makes each record visible atomically.

@@ -46,6 +46,7 @@ from gmmlsh.index.store.base import (
     StoreError,
     StoreUnavailable,
     Token,
+    Written,
 )
 
 _CONFIG_KEY = b"config"
@@ -213,12 +214,12 @@ class LmdbStore:
         return json.loads(raw)
 
     # --- writes -----------------------------------------------------------------------
-    def write(self, batch: RecordBatch) -> None:
+    def write(self, batch: RecordBatch) -> Written:
         """Insert or replace the batch's records in one write transaction."""
         rows = batch.last_rows()
         m = rows.shape[0]
         if m == 0:
-            return
+            return Written(0, 0)
         names = [batch.ids[i].encode("utf-8") for i in rows]
         columns = {
             "name": names,
@@ -244,6 +245,7 @@ class LmdbStore:
                 if added != consumed:
                     raise StoreError(f"LMDB store at {self.path} is inconsistent: a stored iid is past the counter")
             txn.put(_STATE_KEY, _STATE.pack(next_iid + m, live + m - len(old), retired), db=self._db["counters"])
+        return Written(m, len(old))
 
     def _retire(self, txn: lmdb.Transaction, iid_keys: list[bytes], retired: int) -> int:
         """Remove these records' fields and log them on the feed; returns the new retirement count."""

@@ -19,8 +19,9 @@ Key layout (``P`` = prefix), the same on a single server and on a Redis Cluster
 
 Writes
 ------
-``write`` runs ``lua/write.lua`` once per shard the batch touches (one pipelined round
-trip on a single server): for each record it retires the id's old iid (its fields are
+``write`` runs ``lua/write.lua`` once for the whole batch on a single server (so a batch is
+all or nothing, a full Redis included), once per id shard the batch touches on a Cluster (one
+pipelined round trip): for each record it retires the id's old iid (its fields are
 deleted, it joins the feed), allocates the next iid, writes the fields and points the
 id at it. ``delete`` runs ``lua/delete.lua`` likewise. A script runs atomically and is
 replicated (and written to the AOF) as a ``MULTI/EXEC`` block, so a vector is all
@@ -72,6 +73,7 @@ from gmmlsh.index.store.base import (
     StoreError,
     StoreUnavailable,
     Token,
+    Written,
 )
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -80,8 +82,13 @@ _CHUNK_BIG, _CHUNK_SMALL = 1024, 128
 _SMALL = {"n", "m"}
 #: Fields every stored record has (NRFF features and metadata may be absent).
 _ALWAYS = ("name", "vector", "sketch")
-#: Records per shard per script call: bounds how long one call blocks Redis.
-_CALL_RECORDS = 2048
+#: Room (bytes) a full Redis must gain beyond what it had when a write was refused to count as writable.
+_NO_ROOM = 1 << 20
+#: Bytes of records per script: bounds how long one blocks Redis (~20 ms a MiB of 784-value rows
+#: here); a batch up to this size is one script, so all or nothing.
+_SCRIPT_BYTES = 4 << 20
+#: What a record costs a script beyond its bytes (its commands), counted as bytes.
+_RECORD_COST = 256
 #: Replies that mean "not now" (the service answers 503).
 _TRANSIENT = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
@@ -161,6 +168,7 @@ class RedisStore:
         self._shards: int | None = None
         self._token_keys: list[str] | None = None  # what token() reads, made once
         self._policy_ok = False
+        self._refused_at: int | None = None  # room below maxmemory when a write was last refused for want of it
         self._scripts: dict[str, Any] = {}
         self._config_key = f"{{{prefix}}}:config"
 
@@ -212,11 +220,12 @@ class RedisStore:
                 self._cluster, self._client = bool(cluster), client
             return self._client
 
-    def _pipeline(self, commands: list[tuple]) -> list[Any]:
+    def _pipeline(self, commands: list[tuple], errors: bool = False) -> list[Any]:
         """Commands in one pipelined round trip (one per node on a Cluster); results in order.
 
         A script the server does not know yet (a restart, a failover) is loaded and its
-        commands, which did not run, are sent again.
+        commands, which did not run, are sent again. A command's error is raised (the first),
+        or with ``errors`` left in its place among the results.
         """
         if not commands:
             return []
@@ -230,7 +239,7 @@ class RedisStore:
             for i, res in zip(pending, pipe.execute(raise_on_error=False), strict=True):
                 if isinstance(res, NoScriptError):
                     missing.append(i)
-                elif isinstance(res, Exception):
+                elif isinstance(res, Exception) and not errors:
                     raise res
                 else:
                     results[i] = res
@@ -298,13 +307,29 @@ class RedisStore:
             return str(e)
         return None
 
+    def _room(self) -> int | None:
+        """Bytes below maxmemory (negative: above it), or None: no limit, a Cluster, INFO refused."""
+        if self._cluster:
+            return None
+        try:
+            mem = self._r().info("memory")
+        except (*_UNAVAILABLE, RedisError, StoreError):
+            return None
+        limit = int(mem.get("maxmemory", 0) or 0)
+        return limit - int(mem.get("used_memory", 0)) if limit else None
+
     @_guarded
     def write_problem(self) -> str | None:
+        """An evicting Redis, or a full one: within 1 % of maxmemory, or with no more room than
+        when this process's last write was refused for want of it (a batch is refused whole,
+        so memory can stay below the limit; cleared by the next write that succeeds)."""
         problem = self.eviction_problem()
         if problem is None and not self._cluster:
             mem = self._r().info("memory")
             limit = int(mem.get("maxmemory", 0) or 0)
-            if limit and int(mem.get("used_memory", 0)) >= 0.99 * limit:
+            room = limit - int(mem.get("used_memory", 0))
+            refused = self._refused_at is not None and room < self._refused_at + _NO_ROOM
+            if limit and (room <= 0.01 * limit or refused):
                 problem = (f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): writes are "
                            "refused until memory is freed or maxmemory raised")
         return problem
@@ -325,27 +350,64 @@ class RedisStore:
 
     # --- writes ----------------------------------------------------------------------------
     @_guarded
-    def write(self, batch: RecordBatch) -> None:
+    def write(self, batch: RecordBatch) -> Written:
+        """The batch in scripts of at most :data:`_SCRIPT_BYTES` of records each, one pipelined
+        round trip: on a single server one script holds records of every shard, so a batch of
+        up to that size is all or nothing, a full Redis included; on a Cluster a script's keys
+        must share a slot, so each holds one id shard's. When a script of a batch that took
+        several is refused (a full Redis or node), the others' records stay written, and the
+        error says which ids were stored (``StoreError.stored``)."""
         rows = batch.last_rows()
         if rows.shape[0] == 0:
-            return
+            return Written(0, 0)
         self._check_policy()
         S = self.shards
         sk = np.asarray(batch.sketches)
         nrff = np.asarray(batch.nrff, dtype=np.float32) if batch.nrff is not None else None
+        records: dict[int, list] = {}
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i in rows.tolist():
+            meta = batch.meta[i] if batch.meta is not None else None
+            records[i] = [batch.ids[i], batch.vectors[i], sk[i].tobytes(),
+                          nrff[i].tobytes() if nrff is not None else b"", meta or b""]
             by_shard[self._shard_of(batch.ids[i], S)].append(i)
-        commands = []
+        size = {i: _RECORD_COST + sum(map(len, rec)) for i, rec in records.items()}
+        calls: list[list[tuple[int, list[int]]]] = [[]]  # per script: its shards' sections (shard, rows)
+        used = 0
         for s, members in by_shard.items():
-            for lo in range(0, len(members), _CALL_RECORDS):
-                args: list = [S, s, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s)]
-                for i in members[lo:lo + _CALL_RECORDS]:
-                    meta = batch.meta[i] if batch.meta is not None else None
-                    args += [batch.ids[i], batch.vectors[i], sk[i].tobytes(),
-                             nrff[i].tobytes() if nrff is not None else b"", meta or b""]
-                commands.append(self._evalsha("write", self._shard_keys(s), args))
-        self._pipeline(commands)
+            for i in members:
+                new_call = calls[-1] and used + size[i] > _SCRIPT_BYTES
+                if new_call or (self._cluster and calls[-1] and calls[-1][-1][0] != s):
+                    calls.append([])
+                    used = 0
+                if not calls[-1] or calls[-1][-1][0] != s:
+                    calls[-1].append((s, []))
+                calls[-1][-1][1].append(i)
+                used += size[i]
+        commands = []
+        for call in calls:
+            keys = [k for s, _ in call for k in self._shard_keys(s)]
+            args: list = [S, _CHUNK_BIG, _CHUNK_SMALL]
+            for s, members in call:
+                args += [s, self._tag(s), len(members), *(f for i in members for f in records[i])]
+            commands.append(self._evalsha("write", keys, args))
+        results = self._pipeline(commands, errors=True)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if not failed:
+            self._refused_at = None
+            return Written(int(rows.shape[0]), int(sum(results)))
+        err = self._translate(failed[0])
+        if isinstance(err, DiskFull):
+            self._refused_at = self._room()
+        err.stored = tuple(batch.ids[i] for call, r in zip(calls, results, strict=True) if not isinstance(r, Exception)
+                           for _, members in call for i in members)
+        if err.stored:
+            what = (f"{len(err.stored)} of the batch's {rows.shape[0]} vectors were stored (it took {len(calls)} "
+                    "scripts, run one by one), the others were not; the stored ids are in .stored")
+            err.args = (f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): {what}; free "
+                        "memory or raise maxmemory, then send the batch again" if isinstance(err, DiskFull)
+                        else f"{err} ({what})",)
+        raise err
 
     @_guarded
     def delete(self, ids: Sequence[str], expect: np.ndarray | None = None) -> int:

@@ -1,55 +1,73 @@
--- Upsert records of one id shard, atomically: retire each id's old version, allocate
--- a fresh iid, write the record's fields and point the id at it.
--- KEYS: ids, seq, live, dead, ndead (all of the shard, one hash tag)
--- ARGV: S, s, chunk_big, chunk_small, key prefix of the shard, then 5 per record:
---       name, vector, sketch, nrff ('' = none), meta ('' = none)
--- Returns the iids given, in order.
-local S, s, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+-- Upsert records of one or more id shards, atomically: retire each id's old version,
+-- allocate a fresh iid, write the record's fields and point the id at it.
+-- KEYS: per shard, in the order of the sections below: ids, seq, live, dead, ndead (one hash tag
+--       each; on a Cluster a call holds one shard)
+-- ARGV: S, chunk_big, chunk_small, then one section per shard: s, key prefix of the shard, the
+--       number m of its records, then 5 per record: name, vector, sketch, nrff ('' = none),
+--       meta ('' = none)
+-- Returns how many of the names held a vector before (were replaced).
+-- One call is all or nothing, a full Redis included: under maxmemory with noeviction, Redis
+-- refuses a script's first write that needs memory, and lets a script that has written go on.
+local S, CB, CS = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local FAMILIES = {'n', 'v', 'k', 'f', 'm'}
-local function loc(seq, fam)
-  local c = CB
-  if fam == 'n' or fam == 'm' then c = CS end
-  return TAG .. fam .. ':' .. math.floor(seq / c), tostring(seq % c)
+local function hset(key, kv)  -- in slices: unpack() is bounded by Lua's C stack
+  for i = 1, #kv, 4000 do redis.call('HSET', key, unpack(kv, i, math.min(i + 3999, #kv))) end
 end
-local m = (#ARGV - 5) / 5
-local first = tonumber(redis.call('GET', KEYS[2]) or '0')
-if (first + m) * S > 4294967296 then
-  return redis.error_reply('GMMLSH internal id space (uint32) of this shard is exhausted')
-end
-local staged, order = {}, {}
-local function put(seq, fam, blob)
-  if blob == '' then return end
-  local k, f = loc(seq, fam)
-  local t = staged[k]
-  if not t then t = {}; staged[k] = t; order[#order + 1] = k end
-  t[#t + 1] = f; t[#t + 1] = blob
-end
-local added, retired, out, idmap = 0, 0, {}, {}
-for j = 0, m - 1 do
-  local a = 6 + 5 * j
-  local name = ARGV[a]
-  local old = redis.call('HGET', KEYS[1], name)
-  if old then
-    local oseq = math.floor(tonumber(old) / S)
-    for _, fam in ipairs(FAMILIES) do
-      local k, f = loc(oseq, fam)
-      redis.call('HDEL', k, f)
-    end
-    redis.call('RPUSH', KEYS[4], old)
-    retired = retired + 1
-  else
-    added = added + 1
+
+local sections, a = {}, 4
+while a <= #ARGV do
+  local sec = {s = tonumber(ARGV[a]), tag = ARGV[a + 1], m = tonumber(ARGV[a + 2]), at = a + 3,
+               keys = 5 * #sections}
+  sec.first = tonumber(redis.call('GET', KEYS[sec.keys + 2]) or '0')
+  if (sec.first + sec.m) * S > 4294967296 then  -- checked for every shard before anything is written
+    return redis.error_reply('GMMLSH internal id space (uint32) of this shard is exhausted')
   end
-  local seq = first + j
-  local iid = seq * S + s
-  put(seq, 'n', name); put(seq, 'v', ARGV[a + 1]); put(seq, 'k', ARGV[a + 2])
-  put(seq, 'f', ARGV[a + 3]); put(seq, 'm', ARGV[a + 4])
-  idmap[#idmap + 1] = name; idmap[#idmap + 1] = iid
-  out[#out + 1] = iid
+  sections[#sections + 1] = sec
+  a = sec.at + 5 * sec.m
 end
-for _, k in ipairs(order) do redis.call('HSET', k, unpack(staged[k])) end
-redis.call('HSET', KEYS[1], unpack(idmap))
-redis.call('SET', KEYS[2], first + m)
-if added > 0 then redis.call('INCRBY', KEYS[3], added) end
-if retired > 0 then redis.call('INCRBY', KEYS[5], retired) end
-return out
+
+local replaced = 0
+for _, sec in ipairs(sections) do
+  local TAG, K = sec.tag, sec.keys
+  local function loc(seq, fam)
+    local c = CB
+    if fam == 'n' or fam == 'm' then c = CS end
+    return TAG .. fam .. ':' .. math.floor(seq / c), tostring(seq % c)
+  end
+  local staged, order = {}, {}
+  local function put(seq, fam, blob)
+    if blob == '' then return end
+    local k, f = loc(seq, fam)
+    local t = staged[k]
+    if not t then t = {}; staged[k] = t; order[#order + 1] = k end
+    t[#t + 1] = f; t[#t + 1] = blob
+  end
+  local added, retired, idmap = 0, 0, {}
+  for j = 0, sec.m - 1 do
+    local r = sec.at + 5 * j
+    local name = ARGV[r]
+    local old = redis.call('HGET', KEYS[K + 1], name)
+    if old then
+      local oseq = math.floor(tonumber(old) / S)
+      for _, fam in ipairs(FAMILIES) do
+        local k, f = loc(oseq, fam)
+        redis.call('HDEL', k, f)
+      end
+      redis.call('RPUSH', KEYS[K + 4], old)
+      retired = retired + 1
+    else
+      added = added + 1
+    end
+    local seq = sec.first + j
+    put(seq, 'n', name); put(seq, 'v', ARGV[r + 1]); put(seq, 'k', ARGV[r + 2])
+    put(seq, 'f', ARGV[r + 3]); put(seq, 'm', ARGV[r + 4])
+    idmap[#idmap + 1] = name; idmap[#idmap + 1] = seq * S + sec.s
+  end
+  for _, k in ipairs(order) do hset(k, staged[k]) end
+  hset(KEYS[K + 1], idmap)
+  redis.call('SET', KEYS[K + 2], sec.first + sec.m)
+  if added > 0 then redis.call('INCRBY', KEYS[K + 3], added) end
+  if retired > 0 then redis.call('INCRBY', KEYS[K + 5], retired) end
+  replaced = replaced + retired
+end
+return replaced
