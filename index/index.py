@@ -43,7 +43,7 @@ from gmmlsh.index.search import (
     run_postings,
     sparse_query,
 )
-from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
+from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store, Written
 
 log = logging.getLogger("gmmlsh.index")
 
@@ -158,17 +158,18 @@ class Index:
         """Validate and hash rows into records (touches no store); see :meth:`write`."""
         return prepare(self.config, ids, X, metadata)
 
-    def write(self, batch: RecordBatch) -> int:
-        """Store a batch made by this index's :meth:`prepare` (all or nothing); returns its rows.
+    def write(self, batch: RecordBatch) -> Written:
+        """Store a batch made by this index's :meth:`prepare` (all or nothing; Redis writes a
+        batch over 4 MiB in parts, see :meth:`RedisStore.write`); returns how many ids it wrote (an
+        id given twice counts once: its last row wins) and how many of them replaced a stored vector.
 
         Split from :meth:`prepare` so a bulk load can hash the next batch while this one is written.
         """
-        if len(batch):
-            self.store.write(batch)
-        return len(batch)
+        return self.store.write(batch)
 
-    def upsert(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> int:
-        """Insert or replace vectors by id: all rows are validated first, then written all or nothing."""
+    def upsert(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> Written:
+        """Insert or replace vectors by id: all rows are validated first, then written all or
+        nothing; returns what :meth:`write` does."""
         return self.write(self.prepare(ids, X, metadata))
 
     def delete(self, ids: Sequence[str]) -> int:
