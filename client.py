@@ -156,10 +156,13 @@ class StoredVector:
 
 @dataclass(frozen=True)
 class UpsertResult:
-    """``upserted``: vectors written; ``count``: vectors in the index after the write."""
+    """``upserted``: ids written (an id given twice in a batch counts once: its last vector is
+    stored); ``count``: vectors in the index after the write; ``replaced``: how many of the ids
+    written held a vector before."""
 
     upserted: int
     count: int
+    replaced: int = 0
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ class Client:
                 items.append(item)
             body = {"vectors": items}
         out = self._call("POST", self._at + "/vectors", body=body)
-        return UpsertResult(int(out["upserted"]), int(out["count"]))
+        return UpsertResult(int(out["upserted"]), int(out["count"]), int(out["replaced"]))
 
     def get(self, id: Id) -> StoredVector:
         """The stored vector and metadata of an id (``GET /vectors/{id}``); 404 ``ApiError`` if unknown."""

@@ -103,7 +103,9 @@ UPSERT_BODY: TypeAdapter = TypeAdapter(UpsertBody)
 
 
 class UpsertResponse(BaseModel):
-    upserted: int = Field(description="vectors written (an id given twice counts once per mention)")
+    upserted: int = Field(description="ids written; an id given twice in one batch counts once (its last "
+                          "vector is the one stored)")
+    replaced: int = Field(description="of those, ids that held a vector before (now replaced)")
     count: int = Field(description="vectors in the index after the write")
 
 

@@ -348,6 +348,25 @@ def test_upsert_replaces_and_float_values_round_trip(server, loaded):
         assert count(c) == n0
 
 
+def test_an_id_repeated_in_a_batch_is_stored_once_and_counted_once(server, loaded):
+    """The last vector of a repeated id is the one stored, and ``upserted`` counts ids written,
+    not mentions; ``replaced`` counts ids that held a vector before (issue #35, item 9)."""
+    v = np.zeros(DIM)
+    v[:10] = 1.0
+    with server.client() as c:
+        n0 = count(c)
+        assert c.post("/vectors", json={"id": "before", "values": v.tolist()}).json()["upserted"] == 1
+        r = c.post("/vectors", json={"vectors": [{"id": "twice", "values": v.tolist()},
+                                                 {"id": "twice", "values": (2 * v).tolist()},
+                                                 {"id": "before", "values": (3 * v).tolist()}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["upserted"] == 2  # "twice" once, "before" once
+        assert r.json() == {"upserted": 2, "replaced": 1, "count": n0 + 2}
+        assert c.get("/vectors/twice").json()["values"][0] == 2.0
+        for name in ("twice", "before"):
+            assert c.delete(f"/vectors/{name}").status_code == 200
+
+
 def test_delete_then_404(server, loaded, data):
     X, _, _ = data
     with server.client() as c:

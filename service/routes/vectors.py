@@ -51,10 +51,11 @@ _EXAMPLES = {
 @router.post(
     "/vectors", response_model=UpsertResponse,
     summary="Insert or replace vectors (one, or a batch)",
-    description="Upsert by id: an existing id is replaced. A batch is validated as a whole first and "
-    "written atomically: if any vector is bad (wrong dimension, NaN/inf, all zeros, unsorted/duplicate/"
-    "out-of-range indices) nothing is written and the 422 names it (e.g. `vectors[3].indices`). Dense "
-    "vectors give `values`; sparse ones `indices` (strictly increasing) + `values`.",
+    description="Upsert by id: an existing id is replaced (`replaced` counts them). A batch is validated as "
+    "a whole first and written atomically: if any vector is bad (wrong dimension, NaN/inf, all zeros, "
+    "unsorted/duplicate/out-of-range indices) nothing is written and the 422 names it (e.g. "
+    "`vectors[3].indices`). An id given twice in a batch is written once, with its last vector, and "
+    "counted once. Dense vectors give `values`; sparse ones `indices` (strictly increasing) + `values`.",
     responses=responses(401, 408, 413, 422, 500, 503, 507),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/UpsertRequest"}, "examples": _EXAMPLES}}}},
@@ -110,8 +111,8 @@ def upsert(index: Index, settings: Settings, body: bytes) -> dict:
                                             meta if any(m is not None for m in meta) else None)))
         except VectorError as exc:
             raise type(exc)(request_field(exc.field, batch, at), exc.reason) from None
-    n = index.write(_merged(parts, len(vectors)))
-    return {"upserted": int(n), "count": int(index.count())}
+    written = index.write(_merged(parts, len(vectors)))
+    return {"upserted": written.vectors, "replaced": written.replaced, "count": int(index.count())}
 
 
 def _where(i: int, batch: bool) -> str:
