@@ -218,6 +218,55 @@ def test_existing_index_keeps_its_parameters(tmp_path, capsys):
     assert code == 2 and "has dimension 8, expected 9" in err
 
 
+def test_a_second_file_says_what_it_replaced_or_adds_under_other_ids(tmp_path, capsys):
+    """Row-number ids restart at 0 for every build: a second file replaces the first's rows,
+    and the summary says so; --id-start and --id-prefix add its rows instead (issue #35, 5)."""
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "a.npy", rng.random((40, 6)) + 0.1)
+    np.save(tmp_path / "b.npy", rng.random((30, 6)) + 0.1)
+    idx = tmp_path / "i"
+    assert cli(capsys, "build", tmp_path / "a.npy", "--index", idx, *SMALL, "--no-progress")[0] == 0
+    code, out, err = cli(capsys, "build", tmp_path / "b.npy", "--index", idx, "--no-progress")
+    assert code == 0, err
+    assert "30 of them replaced vectors stored under the same ids" in out and "--id-start" in out
+    assert "index now holds 40 vectors" in out
+    code, out, err = cli(capsys, "build", tmp_path / "b.npy", "--index", idx, "--no-progress", "--id-start", "40",
+                         "--json")
+    assert code == 0, err
+    assert (json.loads(out)["vectors"], json.loads(out)["replaced"], json.loads(out)["count"]) == (30, 0, 70)
+    code, out, err = cli(capsys, "build", tmp_path / "b.npy", "--index", idx, "--no-progress", "--id-prefix", "b-")
+    assert code == 0 and "replaced" not in out and "index now holds 100 vectors" in out, out + err
+    with Index.open(str(idx), None, create=False, maintain=False) as ix:
+        assert ix.contains("b-29") and ix.contains("69") and not ix.contains("70")
+    code, _, err = cli(capsys, "build", tmp_path / "b.npy", "--index", idx, "--no-progress", "--id-start", "5",
+                       "--ids", tmp_path / "a.npy")
+    assert code == 2 and "id_start" in err
+
+
+@pytest.mark.parametrize("where", ["default", "collection", "redis"])
+def test_a_build_that_stores_nothing_leaves_no_index_behind(tmp_path, capsys, where, request):
+    """A failed first build used to leave an empty index of its input's dimension, and the
+    corrected re-run failed on it until the directory was removed by hand (issue #35, 6)."""
+    bad = tmp_path / "bad.csv"  # the id column read as a feature: 3 columns, and text in the first
+    bad.write_text("r1,0.5,2\nr2,1,1\n")
+    good = tmp_path / "good.csv"
+    good.write_text("r1,0.5,2\nr2,1,1\n")
+    if where == "redis":
+        target = ["--redis", request.getfixturevalue("redis_url"), "--prefix", f"t{uuid.uuid4().hex[:12]}",
+                  "--cache-dir", tmp_path / "cache"]
+    else:
+        target = ["--index", tmp_path / "i"] + (["--collection", "pets"] if where == "collection" else [])
+    code, _, err = cli(capsys, "build", bad, *target, *SMALL, "--no-progress", "--no-header")
+    assert code == 2 and "bad.csv" in err
+    if where == "default":
+        assert not (tmp_path / "i").exists()
+    code, out, err = cli(capsys, "build", good, *target, *SMALL, "--no-progress", "--id-column", "0", "--json")
+    assert code == 0, err
+    assert json.loads(out)["count"] == 2
+    code, out, _ = cli(capsys, "info", *target, "--json")
+    assert json.loads(out)["config"]["dim"] == 2
+
+
 def test_environment_supplies_defaults(tmp_path, monkeypatch, capsys):
     X = np.random.default_rng(1).random((40, 6)) + 0.1
     np.save(tmp_path / "x.npy", X)

@@ -60,6 +60,8 @@ class BuildSummary:
 
     rows: int = 0
     vectors: int = 0
+    #: Of the vectors written, those whose id held a vector before (replaced by this run).
+    replaced: int = 0
     skipped: int = 0
     invalid: int = 0
     seconds: float = 0.0
@@ -83,6 +85,9 @@ class BuildSummary:
     def describe(self) -> str:
         """One human line for the end of ``gmmlsh build``."""
         parts = [f"{self.vectors:,} vectors written in {self.seconds:.1f} s ({self.vectors_per_s:,.0f} vectors/s)"]
+        if self.replaced:
+            parts.append(f"{self.replaced:,} of them replaced vectors stored under the same ids (to add rows instead, "
+                         "give them other ids: --id-prefix or --id-start)")
         if self.skipped:
             parts.append(f"{self.skipped:,} already in the index (skipped)")
         if self.invalid:
@@ -459,7 +464,9 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                         bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
                         shown_invalid += 1
                     summary.invalid += len(staged.bad)
-                    summary.vectors += index.write(staged.batch)
+                    written = index.write(staged.batch)
+                    summary.vectors += written.vectors
+                    summary.replaced += written.replaced
                     follower.written()
                 bar.update(n)
                 if reader.rows is None and chunk.end_byte > 0:

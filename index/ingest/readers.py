@@ -18,7 +18,9 @@ svmlight: .svm .svmlight .libsvm       sklearn.datasets.load_svmlight_file,     
 =====================================  ==============================================  ===============
 
 Ids are the global row numbers (``"0"``, ``"1"``, ... continuing across input
-files), an id column (csv, parquet), or one id per line of an ``ids_file``.
+files; from ``id_start`` if given), an id column (csv, parquet), or one id per line of an
+``ids_file``; ``id_prefix`` goes in front of each (so a second build adds rows instead of
+replacing the first's).
 Chunks hold ``chunk_rows`` rows each (the last of a file may hold fewer), so
 the chunks of a file are the same on every run: a resumed build finds those it
 already stored.
@@ -126,12 +128,17 @@ class Reader:
     """
 
     def __init__(self, files: list[FileReader], *, ids_file: str | os.PathLike | None = None,
-                 chunk_rows: int | None = None):
+                 chunk_rows: int | None = None, id_prefix: str = "", id_start: int = 0):
         self.files = files
         self.ids_file = Path(ids_file) if ids_file is not None else None
         self._chunk_rows = chunk_rows
+        self.id_prefix, self.id_start = id_prefix, id_start
         if self.ids_file is not None and any(f.has_col_ids for f in files):
             raise InputFormatError(str(self.ids_file), "ids come from both an ids file and an id column; give one")
+        if id_start and (self.ids_file is not None or any(f.has_col_ids for f in files)):
+            raise ValueError("id_start: numbers rows, but the ids come from an ids file or an id column")
+        if id_start < 0:
+            raise ValueError(f"id_start: must be ≥ 0, got {id_start}")
         if self.ids_file is not None and not self.ids_file.is_file():
             raise InputFormatError(str(self.ids_file), "ids file not found")
         self._check_dims()
@@ -234,7 +241,9 @@ class Reader:
                     elif ids is not None:
                         chunk_ids = ids.take(n, start)
                     else:
-                        chunk_ids = [str(i) for i in range(start, start + n)]
+                        chunk_ids = [str(i) for i in range(self.id_start + start, self.id_start + start + n)]
+                    if self.id_prefix:
+                        chunk_ids = [self.id_prefix + i for i in chunk_ids]
                     if len(set(chunk_ids)) != n:
                         self._duplicate(chunk_ids, p, f, ids)
                     n_file = p.file_row + n
@@ -308,12 +317,14 @@ def open_reader(paths: str | os.PathLike | Sequence[str | os.PathLike], *, fmt: 
                 dim: int | None = None, ids_file: str | os.PathLike | None = None,
                 chunk_rows: int | None = None, key: str | None = None, label_key: str | None = None,
                 delimiter: str | None = None, header: bool | None = None, id_column: str | int | None = None,
-                label_column: str | int | None = None, zero_based: bool | str = False) -> Reader:
+                label_column: str | int | None = None, zero_based: bool | str = False, id_prefix: str = "",
+                id_start: int = 0) -> Reader:
     """A :class:`Reader` over one or several files of the same dimension.
 
     Options apply where they make sense: ``key``/``label_key`` to .npz,
     ``delimiter``/``header`` to .csv/.tsv, ``id_column``/``label_column`` to
-    .csv/.tsv and .parquet, ``zero_based`` (False, True or "auto") to svmlight.
+    .csv/.tsv and .parquet, ``zero_based`` (False, True or "auto") to svmlight; ``id_prefix``
+    and ``id_start`` to the ids (see the module docstring).
     ``dim`` is checked against dense inputs and fixes the dimension of svmlight ones.
     The format modules (and their libraries) are imported only when needed.
     """
@@ -354,7 +365,7 @@ def open_reader(paths: str | os.PathLike | Sequence[str | os.PathLike], *, fmt: 
         if dim is not None and r.dim is not None and r.dim != dim:
             raise InputFormatError(str(p), f"has dimension {r.dim}, expected {dim}")
         files.append(r)
-    return Reader(files, ids_file=ids_file, chunk_rows=chunk_rows)
+    return Reader(files, ids_file=ids_file, chunk_rows=chunk_rows, id_prefix=id_prefix, id_start=id_start)
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from gmmlsh.service.cli.common import (
     describe_location,
     describe_search,
     location,
+    nonneg_int,
     open_index,
     open_options,
     opt,
@@ -36,10 +37,13 @@ index builds its search lists and tunes its search for the data: on stored
 vectors, or on --tune-queries, sample queries like those it will serve (better
 where the data hold near-copies, which make stored vectors easy queries).
 
-Ids are the row numbers ("0", "1", ... running on across inputs) unless --ids
-FILE (one id per line) or --id-column names them. A new index takes the
-parameters given (defaults shown below); an existing one keeps its own (giving
-different ones is an error).
+Ids are the row numbers ("0", "1", ... running on across inputs; from --id-start)
+unless --ids FILE (one id per line) or --id-column names them; --id-prefix goes in
+front of each. A vector whose id is stored already replaces the stored one: the
+summary says how many did (building a second file with row-number ids replaces
+the first's rows unless --id-start or --id-prefix tells them apart). A new index
+takes the parameters given (defaults shown below); an existing one keeps its own
+(giving different ones is an error).
 
 Safe to interrupt: Ctrl-C stops after the chunk being written (twice: at once),
 and a kill leaves only whole chunks. Run the same command again to finish:
@@ -52,6 +56,7 @@ Examples:
   gmmlsh build data.svm --redis redis://localhost:6379/0 --prefix news
   gmmlsh build part1.csv part2.csv --index ./idx --id-column id --label-column label
   gmmlsh build base.fvecs --index ./idx --ids names.txt --samples 256
+  gmmlsh build more.npy --index ./idx --id-start 60000      # rows added after a first file's 60,000
   gmmlsh build docs.svm --index ./idx --tune-queries held-out.svm
 """
 
@@ -69,6 +74,9 @@ def add(sub) -> None:
                                 "ivecs"), help="input format when the extension does not say")
     opt(g, "--dim", type=positive_int, help="dimension (svmlight: skips a scan for it; others: checked)")
     opt(g, "--ids", metavar="FILE", help="text file with one id per input row")
+    opt(g, "--id-start", type=nonneg_int, default=0, metavar="N",
+        help="row-number ids start at N (default 0): rows of a second file added after a first")
+    opt(g, "--id-prefix", default="", metavar="TEXT", help="put TEXT in front of every id (e.g. part2-)")
     opt(g, "--id-column", metavar="COL", help="csv/parquet: column (name or 0-based position) holding the ids")
     opt(g, "--label-column", metavar="COL", help="csv/parquet: column kept as metadata {\"label\": ...}")
     opt(g, "--delimiter", metavar="CHAR", help="csv: field separator (default: ',' or tab, detected)")
@@ -141,6 +149,40 @@ def _tune_queries(args, dim: int):
     return Q
 
 
+def _undoing(args, kind: str, loc: str):
+    """How to take back the index this build is about to create, should the build fail (or be
+    interrupted) before it stores a vector: a corrected re-run then starts afresh, with a new
+    dimension if need be, instead of meeting an empty index of the wrong one."""
+    import os
+    import shutil
+
+    before = set(os.listdir(loc)) if kind == "lmdb" and os.path.isdir(loc) else None
+
+    def undo(index) -> None:
+        try:
+            if index.count():
+                return  # something is stored: the index stays, a re-run resumes it
+            if args.collection != "default":
+                with collections_of(args) as cols:
+                    cols.delete(args.collection)
+            elif kind == "redis":
+                index.store.drop()
+                shutil.rmtree(index.mirror.dir, ignore_errors=True)
+            elif before is None:
+                shutil.rmtree(loc, ignore_errors=True)
+            else:  # a directory that was there already: what the creation added
+                for name in set(os.listdir(loc)) - before:
+                    path = os.path.join(loc, name)
+                    if os.path.isdir(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
+        except Exception as exc:  # noqa: BLE001 - the build's own error is the one to report
+            print(f"gmmlsh build: the empty index it created is left at {loc}: {exc}", file=sys.stderr)
+
+    return undo
+
+
 def run(args) -> int:
     from gmmlsh.index.columns import refold_tree
     from gmmlsh.index.compile import kernels_cached
@@ -151,11 +193,16 @@ def run(args) -> int:
 
     log = sys.stderr
     kind, loc, prefix = location(args)
-    reader = open_reader(args.inputs, fmt=args.format, dim=args.dim, ids_file=args.ids, chunk_rows=args.chunk_rows,
-                         key=args.npz_key, label_key=args.npz_label_key, delimiter=args.delimiter, header=args.header,
-                         id_column=args.id_column, label_column=args.label_column,
-                         zero_based=zero_based(args.zero_based))
+    try:
+        reader = open_reader(args.inputs, fmt=args.format, dim=args.dim, ids_file=args.ids,
+                             chunk_rows=args.chunk_rows, key=args.npz_key, label_key=args.npz_label_key,
+                             delimiter=args.delimiter, header=args.header, id_column=args.id_column,
+                             label_column=args.label_column, zero_based=zero_based(args.zero_based),
+                             id_prefix=args.id_prefix, id_start=args.id_start)
+    except ValueError as exc:  # options that do not go together
+        raise UsageError(str(exc)) from None
     given = {k: getattr(args, k) for k in CREATION_FIELDS if k != "dim" and getattr(args, k) is not None}
+    undo = None  # the creation of the index, undone if the build stores nothing in it
     index = open_index(args, must_exist=False, maintain=False)
     if index is not None:
         cfg = index.config
@@ -182,6 +229,7 @@ def run(args) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         queries = _tune_queries(args, config.dim)  # checked before anything is created
+        undo = _undoing(args, kind, loc)
         if args.collection != "default":
             with collections_of(args) as cols:
                 cols.create(args.collection, config, args.indexed_fields or [])
@@ -191,8 +239,15 @@ def run(args) -> int:
     if not kernels_cached():
         print("compiling kernels (first run only: numba keeps them for the next runs) ...", file=log, flush=True)
     with index:
-        summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
-                        on_invalid="skip" if args.skip_invalid else "error", log=log, tune_queries=queries)
+        try:
+            summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
+                            on_invalid="skip" if args.skip_invalid else "error", log=log, tune_queries=queries)
+        except BaseException:
+            if undo is not None:
+                undo(index)
+            raise
+        if summary.interrupted and undo is not None:
+            undo(index)
         search = index.stats()["search"]
     mirror = index.mirror.dir
     del index  # its mappings of the mirror's files, so that they can be read again in 2 MiB pages
