@@ -22,7 +22,8 @@ from gmmlsh.index.store.registry import (
     open_registry,
 )
 
-__all__ = ["DEFAULT_COLLECTION", "CollectionExists", "Collections", "UnknownCollection", "check_indexed"]
+__all__ = ["DEFAULT_COLLECTION", "CollectionExists", "Collections", "UnknownCollection", "check_indexed",
+           "described"]
 
 #: Most metadata fields a collection may declare indexed.
 MAX_INDEXED_FIELDS = 32
@@ -42,6 +43,12 @@ def check_indexed(fields, where: str = "indexed_fields") -> list[str]:
     return list(fields)
 
 
+def described(entry: dict) -> dict:
+    """A registry entry as the API and the command line show it."""
+    return {"name": entry["name"], "dim": entry.get("dim"), "indexed_fields": entry.get("indexed", []),
+            "created": entry.get("created")}
+
+
 class Collections:
     """The named collections beside the index at ``location`` (a directory or a Redis URL).
 
@@ -59,6 +66,14 @@ class Collections:
     def list(self) -> list[dict]:
         """Every named collection's entry (name, uid, indexed fields, creation time), by name."""
         return self.registry.list()
+
+    def listing(self, default: Index | None) -> list[dict]:
+        """What ``GET /collections`` and ``gmmlsh collections`` show: ``default`` first (given the
+        location's own index, open; None: there is none), then the named collections by name,
+        each as ``{"name", "dim", "indexed_fields", "created"}``."""
+        head = [] if default is None else [described({"name": DEFAULT_COLLECTION, "dim": default.config.dim,
+                                                       "indexed": list(default.indexed)})]
+        return head + [described(e) for e in self.list()]
 
     def get(self, name: str) -> dict:
         """The entry of collection ``name`` (UnknownCollection if there is none)."""

@@ -95,8 +95,9 @@ class CollectionManager:
             if name in self._open:
                 self._drop(name)
 
-    def list(self) -> list[dict]:
-        return self.collections.list()
+    def listing(self) -> list[dict]:
+        """``default`` (the server's own index), then the named collections: see :meth:`Collections.listing`."""
+        return self.collections.listing(self.default)
 
     def close(self) -> None:
         with self._lock:

@@ -271,6 +271,27 @@ def test_the_command_line_takes_a_collection_everywhere(tmp_path):
     assert r.returncode == 2 and "no collection" in r.stderr
 
 
+def test_the_command_line_lists_the_default_collection_as_the_api_does(tmp_path):
+    """``gmmlsh collections`` printed nothing where only the index itself (``default``) was
+    there, while ``GET /collections`` listed it (issue #35, item 7); both list one listing now."""
+    idx = str(tmp_path / "idx")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("id,x0,x1,x2\nr1,0.5,0,2\nr2,1,1,0\n")
+    assert _gmmlsh("build", str(rows), "--index", idx, "--id-column", "id", "--no-progress").returncode == 0
+    r = _gmmlsh("collections", "--index", idx)
+    assert r.returncode == 0 and r.stdout.split() == ["default", "dim", "3,", "indexed", "fields:", "none"], r.stdout
+    assert _gmmlsh("build", str(rows), "--index", idx, "--id-column", "id", "--collection", "pets",
+                   "--indexed-field", "x0", "--no-progress").returncode == 0
+    listed = json.loads(_gmmlsh("collections", "--index", idx, "--json").stdout)["collections"]
+    assert [(e["name"], e["dim"], e["indexed_fields"]) for e in listed] == [("default", 3, []), ("pets", 3, ["x0"])]
+    server = Server(tmp_path, {"GMMLSH_INDEX": idx}).start()
+    try:
+        with server.client() as c:
+            assert c.get("/collections").json() == {"collections": listed}
+    finally:
+        server.stop()
+
+
 def test_a_server_may_answer_for_a_collection_without_the_prefix(tmp_path):
     idx = str(tmp_path / "idx")
     with Index.open(idx, IndexConfig(dim=4)), Collections(idx) as cols:

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 
-from gmmlsh.service.cli.common import EXIT_OK, Formatter, UsageError, add_store, collections_of
+from gmmlsh.service.cli.common import (
+    EXIT_OK,
+    Formatter,
+    UsageError,
+    add_store,
+    collections_of,
+    location,
+    open_options,
+)
 
 
 def add(sub) -> None:
-    p = sub.add_parser("collections", help="list or delete named collections",
-                       description="List the named collections kept beside an index (LMDB directory or Redis "
-                       "prefix), or delete one with everything in it. Create one with 'gmmlsh build INPUT "
-                       "--collection NAME' (or POST /collections).",
+    p = sub.add_parser("collections", help="list the collections, or delete one",
+                       description="List the collections of an index (LMDB directory or Redis prefix): default, "
+                       "the index itself, then the named ones kept beside it (as GET /collections does); or delete a "
+                       "named one with everything in it. Create one with 'gmmlsh build INPUT --collection NAME' (or "
+                       "POST /collections).",
                        epilog="Examples:\n  gmmlsh collections --index ./idx\n"
                        "  gmmlsh collections --index ./idx --delete old-images", formatter_class=Formatter)
     add_store(p)
@@ -22,6 +31,7 @@ def add(sub) -> None:
 
 def run(args) -> int:
     from gmmlsh.index.collections import UnknownCollection
+    from gmmlsh.index.index import Index
 
     with collections_of(args) as cols:
         if args.delete:
@@ -31,10 +41,19 @@ def run(args) -> int:
                 raise UsageError(str(exc)) from None
             print(json.dumps({"deleted": args.delete}) if args.json else f"deleted collection {args.delete!r}")
             return EXIT_OK
-        entries = cols.list()
+        _, loc, _ = location(args)
+        try:
+            default = Index.open(loc, None, create=False, maintain=False, **open_options(args))
+        except FileNotFoundError:  # collections only, no index of the location's own
+            default = None
+        try:
+            entries = cols.listing(default)
+        finally:
+            if default is not None:
+                default.close()
     if args.json:
         print(json.dumps({"collections": entries}))
     else:
         for e in entries:
-            print(f"{e['name']:<24} dim {e.get('dim')}, indexed fields: {', '.join(e.get('indexed', [])) or 'none'}")
+            print(f"{e['name']:<24} dim {e['dim']}, indexed fields: {', '.join(e['indexed_fields']) or 'none'}")
     return EXIT_OK

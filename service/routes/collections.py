@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from gmmlsh.core.validate import VectorError
-from gmmlsh.index.collections import DEFAULT_COLLECTION
+from gmmlsh.index.collections import DEFAULT_COLLECTION, described
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.records import as_stored
 from gmmlsh.service.deps import IndexDep, SettingsDep, collection_path
@@ -70,26 +70,15 @@ def _create(manager, raw: bytes) -> dict:
     for i, f in enumerate(body.indexed_fields):
         if not f:
             raise ApiError(422, "a field name must not be empty", field=f"indexed_fields[{i}]")
-    entry = manager.create(body.name, config, body.indexed_fields)
-    return _out(entry, config.dim)
-
-
-def _out(entry: dict, dim: int | None) -> dict:
-    return {"name": entry["name"], "dim": dim, "indexed_fields": entry.get("indexed", []),
-            "created": entry.get("created")}
+    return described(manager.create(body.name, config, body.indexed_fields))
 
 
 @router.get("/collections", response_model=CollectionList, summary="List the collections",
             description="`default` (the server's own index) first, then the named collections by name.",
             responses=responses(401, 500, 503))
 async def list_collections(request: Request) -> Response:
-    def collect() -> dict:
-        default = request.app.state.index
-        named = request.app.state.collections.list()
-        return {"collections": [_out({"name": DEFAULT_COLLECTION, "indexed": list(default.indexed)},
-                                     default.config.dim)] + [_out(e, e.get("dim")) for e in named]}
-
-    return ORJSONResponse(await run_in_threadpool(collect))
+    listing = await run_in_threadpool(request.app.state.collections.listing)
+    return ORJSONResponse({"collections": listing})
 
 
 @router.get("/collections/{collection}", response_model=StatsResponse, summary="A collection's stats",
