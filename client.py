@@ -261,7 +261,7 @@ class Client:
         if _is_id(ids):
             if metadata is not None and not isinstance(metadata, Mapping):
                 raise TypeError("metadata of one vector is a dict (or None)")
-            body: dict[str, Any] = {"id": ids, **_vector_body(vectors)}
+            body: dict[str, Any] = {"id": ids, **_finite(_vector_body(vectors), "values")}
             if metadata is not None:
                 _check_metadata(metadata, "metadata")
                 body["metadata"] = metadata
@@ -277,7 +277,7 @@ class Client:
                     raise ValueError("metadata of many vectors is a list with one dict (or None) per vector")
             items = []
             for n, (ext_id, row) in enumerate(zip(ids, rows, strict=True)):
-                item = {"id": ext_id, **row}
+                item = {"id": ext_id, **_finite(row, f"vectors[{n}].values")}
                 if metadata is not None and metadata[n] is not None:
                     _check_metadata(metadata[n], f"vectors[{n}].metadata")
                     item["metadata"] = metadata[n]
@@ -323,7 +323,8 @@ class Client:
             if filter is not None:
                 return _result(self._call("POST", self._at + "/neighbors/search", body={"id": id, **knobs}))
             return _result(self._call("GET", self._at + "/neighbors", params={"id": str(id), **knobs}))
-        return _result(self._call("POST", self._at + "/neighbors/search", body={**_vector_body(vector), **knobs}))
+        body = {**_finite(_vector_body(vector), "values"), **knobs}
+        return _result(self._call("POST", self._at + "/neighbors/search", body=body))
 
     def query_batch(self, vectors: RowsLike | None = None, *, ids: Sequence[Id] | None = None,
                     k: int | None = None, mode: str | None = None, min_similarity: float | None = None,
@@ -341,7 +342,7 @@ class Client:
                 raise TypeError("ids is a list of strings or integers")
             queries = [{"id": i} for i in ids]
         else:
-            queries = _rows(vectors)
+            queries = [_finite(q, f"queries[{n}].values") for n, q in enumerate(_rows(vectors))]
         out = self._call("POST", self._at + "/neighbors/search", body={"queries": queries, **knobs})
         return [_result(r) for r in out["results"]]
 
@@ -413,6 +414,16 @@ def _values(x: Any) -> np.ndarray:
     if a.dtype != np.float32:
         a = a.astype(np.float64)
     return np.ascontiguousarray(a)
+
+
+def _finite(vector: dict[str, Any], field: str) -> dict[str, Any]:
+    """``vector`` (a body from :func:`_vector_body` / :func:`_rows`) if its values are finite:
+    JSON has no NaN or infinity, and orjson would send them as null, which the server could
+    only call "not a valid number"; said here as the server says it of finite-less input."""
+    values = vector["values"]
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise ValueError(f"{field}: values must be finite (found NaN or infinity)")
+    return vector
 
 
 def _sparse_row(m: Any) -> dict[str, np.ndarray]:

@@ -222,7 +222,6 @@ def test_delete_then_get_is_a_404(client, loaded):
     (lambda c, X: c.upsert(["ok", "bad"], [X[0], np.append(X[1], 1.0)]), 422, "invalid_vector",
      "vectors[1].values"),
     (lambda c, X: c.upsert("bad", np.zeros(DIM)), 422, "invalid_vector", "values"),
-    (lambda c, X: c.upsert("bad", np.full(DIM, np.nan)), 422, "invalid_request", "values[0]"),
     (lambda c, X: c.upsert("bad", ([3, 3], [1.0, 2.0])), 422, "invalid_vector", "indices"),
     (lambda c, X: c.upsert("", X[0]), 422, "invalid_request", "id"),
     (lambda c, X: c.query(X[0][:100]), 422, "invalid_vector", "values"),
@@ -267,6 +266,30 @@ def test_client_side_mistakes_are_refused_before_sending(client, loaded):
         client.query_batch(loaded[0])
     with pytest.raises(ApiError):
         client.get("a")
+
+
+def test_nan_and_infinity_are_refused_before_sending_naming_the_field(client, loaded):
+    """JSON has no NaN or infinity: sent, they went as null, and the server could only say
+    "Input should be a valid number" (issue #35, item 10). The client says what the server says
+    of a non-finite value, naming the field, and sends nothing."""
+    n = client.stats().count
+    bad = loaded[1].copy()
+    bad[7] = np.nan
+    inf = sp.csr_matrix(loaded[2])
+    inf.data[0] = np.inf
+    for call, field in ((lambda: client.upsert("bad", bad), "values"),
+                        (lambda: client.upsert(["ok", "bad"], [loaded[0], bad]), r"vectors\[1\]\.values"),
+                        (lambda: client.upsert(["ok", "bad"], sp.vstack([sp.csr_matrix(loaded[0]), inf])),
+                         r"vectors\[1\]\.values"),
+                        (lambda: client.upsert("bad", ([3, 9], [1.0, -np.inf])), "values"),
+                        (lambda: client.query(bad), "values"),
+                        (lambda: client.query_batch([loaded[0], inf]), r"queries\[1\]\.values")):
+        with pytest.raises(ValueError, match=f"^{field}: values must be finite"):
+            call()
+    assert client.stats().count == n
+    for ext_id in ("bad", "ok"):
+        with pytest.raises(ApiError):
+            client.get(ext_id)
 
 
 def test_api_key_required(server, loaded):
