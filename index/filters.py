@@ -121,8 +121,9 @@ class Filter:
         col = cols.field(conds[0].key)
         if not col.indexed:
             return None
-        _check_kind(conds[0], col)
-        return col.rows_with(conds[0].values, cols.rows)
+        rows = col.rows_with(conds[0].values, cols.rows)
+        _check_kind(conds[0], col, cols, bool(cols.alive[rows].any()))
+        return rows
 
 
 def compile_filter(spec: Any, where: str = "filter") -> Filter:
@@ -181,19 +182,24 @@ def _condition(c: Any, where: str):
     return Cond(key, "range", tuple(bounds), where=where)
 
 
-def _check_kind(c: Cond, col: FieldColumn) -> None:
-    """A condition on values of a type the field never holds is a mistake: say so (422)."""
-    if not col.kinds:
+def _check_kind(c: Cond, col: FieldColumn, cols: Columns, found: bool) -> None:
+    """A condition on values of a type the field does not hold is a mistake: say so (422). The
+    types are those of the live rows' values (``found``: a live row passes the condition, so
+    its type is there; only when none does are the live rows' types worked out)."""
+    if found:
         return
-    if c.op == "range" and "n" not in col.kinds:
-        raise FilterError(f"{c.where}.range", f"field {c.key!r} holds {_kinds(col)}, not numbers")
-    if c.op == "match" and not {v[0] for v in c.values} & col.kinds:
-        raise FilterError(f"{c.where}.match", f"field {c.key!r} holds {_kinds(col)}; the filter gives "
+    kinds = col.live_kinds(cols.alive)
+    if not kinds:
+        return
+    if c.op == "range" and "n" not in kinds:
+        raise FilterError(f"{c.where}.range", f"field {c.key!r} holds {_kinds(kinds)}, not numbers")
+    if c.op == "match" and not {v[0] for v in c.values} & kinds:
+        raise FilterError(f"{c.where}.match", f"field {c.key!r} holds {_kinds(kinds)}; the filter gives "
                           + ", ".join(sorted({_KIND[v[0]] for v in c.values})))
 
 
-def _kinds(col: FieldColumn) -> str:
-    return " and ".join(sorted(_KIND.get(k, "objects") for k in col.kinds))
+def _kinds(kinds: set[str]) -> str:
+    return " and ".join(sorted(_KIND.get(k, "objects") for k in kinds))
 
 
 def _eval(c, cols: Columns) -> np.ndarray:
@@ -202,10 +208,9 @@ def _eval(c, cols: Columns) -> np.ndarray:
     col = cols.field(c.key)
     if c.op == "exists":
         return col.present[:cols.rows].astype(bool) if c.exists else ~col.present[:cols.rows].astype(bool)
-    _check_kind(c, col)
-    if c.op == "match":
-        return col.matches(c.values, cols.rows)
-    return col.in_range(c.values, cols.rows)
+    out = col.matches(c.values, cols.rows) if c.op == "match" else col.in_range(c.values, cols.rows)
+    _check_kind(c, col, cols, bool(np.logical_and(out, cols.alive).any()))
+    return out
 
 
 # --- columns -------------------------------------------------------------------------------------
@@ -234,7 +239,8 @@ class FieldColumn:
     vocab: dict = field(default_factory=dict)  # column key (kind, value) → code
     multi: dict = field(default_factory=dict)  # row → codes of a list value's scalars
     multi_num: dict = field(default_factory=dict)  # row → numbers of a list value
-    kinds: set = field(default_factory=set)
+    kinds: set = field(default_factory=set)  # of every value seen, live or not
+    code_kind: list = field(default_factory=list)  # code → its kind
     _postings: tuple | None = None  # (rows sorted by code, code starts), for indexed fields
 
     def grow(self, n: int) -> None:
@@ -288,8 +294,25 @@ class FieldColumn:
         c = self.vocab.get(k)
         if c is None:
             c = self.vocab[k] = len(self.vocab)
+            self.code_kind.append(k[0])
             self._postings = None
         return c
+
+    def live_kinds(self, alive: np.ndarray) -> set[str]:
+        """The kinds of value the rows flagged in ``alive`` hold ("o": an object)."""
+        n = alive.shape[0]
+        live = alive != 0
+        codes = self.code[:n]
+        held = np.unique(codes[live & (codes >= 0)])
+        kinds = {self.code_kind[c] for c in held.tolist()}
+        for r, cs in list(self.multi.items()):
+            if r < n and live[r]:
+                kinds.update(self.code_kind[c] for c in cs)
+        if "o" in self.kinds:  # a scalar value that is none of the kinds: present, with no code
+            objects = live & (self.present[:n] != 0) & (codes < 0)
+            if any(r not in self.multi for r in np.flatnonzero(objects).tolist()):
+                kinds.add("o")
+        return kinds
 
     def matches(self, values: tuple, n: int) -> np.ndarray:
         codes = [self.vocab[v] for v in values if v in self.vocab]
@@ -341,10 +364,12 @@ class FieldColumn:
 
 @dataclass(frozen=True)
 class Columns:
-    """The field columns as of one view: rows ``< rows`` (later rows may be filled meanwhile)."""
+    """The field columns as of one view: rows ``< rows`` (later rows may be filled meanwhile),
+    and which of them are live (the view's flags)."""
 
     rows: int
     fields: dict
+    alive: np.ndarray
 
     def field(self, key: str) -> FieldColumn:
         return self.fields[key]
@@ -385,7 +410,8 @@ class MetaColumns:
                     self._iids = iids
                 self._iids[self.rows:n] = view.iid[self.rows:n]
                 self.rows = n
-            return Columns(min(n, self.rows), dict(self._fields))
+            rows = min(n, self.rows)
+            return Columns(rows, dict(self._fields), view.alive[:rows])
 
     @staticmethod
     def _fill(cols: list[FieldColumn], view, lo: int, hi: int) -> None:

@@ -256,3 +256,30 @@ def test_a_vector_replaced_since_it_matched_is_not_deleted(location):
         assert ix.store.delete(["a", "b"], expect=old) == 1
         assert ix.contains("a") and not ix.contains("b")
         assert ix.get("a").metadata == {"x": 2}
+
+
+def test_a_type_check_follows_the_values_stored_now(location):
+    """A condition on values of a type the field does not hold is a 422, judged on the live
+    values as of the query: a string written to a numeric field and deleted again used to leave
+    the check lenient for ever (200 and no neighbours), and one just added was not seen by it
+    (the 422 still said "holds numbers", judged on a mirror behind the store) (issue #35, 8)."""
+    loc, opts = location
+    X = np.array([[1.0, 2, 3], [3, 2, 1], [1, 1, 1]])
+    as_text = {"must": [{"key": "value", "match": {"value": "1"}}]}
+    as_bool = {"must": [{"key": "value", "match": {"value": True}}]}
+    with Index.open(loc, IndexConfig(dim=3), maintain=False, **opts) as ix:
+        ix.upsert(["a", "b"], X[:2], [{"value": 1}, {"value": 2}])
+        with pytest.raises(FilterError, match="holds numbers; the filter gives strings"):
+            ix.query(X[0], filter=as_text)
+        ix.upsert(["s"], X[2:], [{"value": "1"}])
+        assert [n.id for n in ix.query(X[0], k=3, filter=as_text).neighbors] == ["s"]
+        with pytest.raises(FilterError, match="holds numbers and strings; the filter gives booleans"):
+            ix.query(X[0], filter=as_bool)
+        ix.delete(["s"])
+        with pytest.raises(FilterError, match="holds numbers; the filter gives strings"):
+            ix.query(X[0], filter=as_text)
+        ix.declare_indexed(["value"])  # an indexed field: answered from its value lists, checked alike
+        with pytest.raises(FilterError, match="holds numbers; the filter gives strings"):
+            ix.query(X[0], filter=as_text)
+        assert [n.id for n in ix.query(X[0], k=3, filter={"must": [{"key": "value", "match": {"value": 2}}]}
+                                       ).neighbors] == ["b"]
