@@ -281,12 +281,17 @@ class Index:
         read first."""
         pending = self.store.token_later()
         view = self.mirror.refresh()
+        refused: FilterError | None = None
         try:
             out, behind = answer_on(view), False
         except _MirrorBehind:  # a stored id the mirror does not hold yet
             out, behind = None, True
+        except FilterError as exc:  # judged on the stored values: again below if the mirror was behind
+            out, behind, refused = None, False, exc
         finally:
             now = pending()
+        if refused is not None and now == view.token:
+            raise refused
         if behind or now != view.token:
             view = self.mirror.sync(self.store)
             try:
