@@ -12,6 +12,7 @@ grows (:meth:`Index.maintain`).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import math
@@ -43,7 +44,7 @@ from gmmlsh.index.search import (
     run_postings,
     sparse_query,
 )
-from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store, Written
+from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, Written
 
 log = logging.getLogger("gmmlsh.index")
 
@@ -55,6 +56,10 @@ DEFAULT_CACHE_DIR = CACHE_DIR
 
 class _MirrorBehind(Exception):
     """A stored id whose record this process's mirror does not hold yet."""
+
+
+class MirrorFull(DiskFull):
+    """A query needs a vector this machine's search mirror cannot take yet (its disk is full)."""
 
 
 class UnknownIdError(KeyError):
@@ -114,6 +119,8 @@ class Index:
         self._names = NameOrder()
         #: The collection this index is (:mod:`gmmlsh.index.collections`); "default": the location's own.
         self.collection = "default"
+        #: Why the mirror could not take the store's last changes (a full disk), or None.
+        self._mirror_problem: str | None = None
 
     def declare_indexed(self, fields: Sequence[str]) -> None:
         """Metadata fields to keep indexed (value → rows lists; a collection declares them)."""
@@ -197,13 +204,38 @@ class Index:
         raise UnknownIdError(ext_id)
 
     def view(self) -> View:
-        """The mirror, brought up to the store's current state first."""
+        """The mirror, brought up to the store's current state first (where it can take it:
+        see :meth:`read_problem`)."""
         view = self.mirror.refresh()
         if view.token != self.store.token():
-            view = self.mirror.sync(self.store)
+            view = self._sync()[0]
         if self._auto:
             self._maybe_maintain(view)
         return view
+
+    def _sync(self) -> tuple[View, bool]:
+        """(the mirror brought up to the store, True); or, where it cannot take the changes (its
+        disk is full), (the mirror as it is, False): reads go on from what it holds, and
+        :meth:`read_problem` says so."""
+        try:
+            view = self.mirror.sync(self.store)
+        except (DiskFull, OSError) as exc:
+            if not isinstance(exc, DiskFull) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("search mirror not brought up to date: %s", exc)
+            self._mirror_problem = ("this machine's search mirror is behind the store: no space left on its disk for "
+                                    "the vectors written since it filled up, so answers miss them (it catches up by "
+                                    "itself once space is freed)")
+            return self.mirror.refresh(), False
+        self._mirror_problem = None
+        return view, True
+
+    def read_problem(self) -> str | None:
+        """Why answers may miss acknowledged writes now (the search mirror could not take them
+        at this process's last try: a full disk), or None; tries again first, if so."""
+        if self._mirror_problem is not None:
+            self._sync()
+        return self._mirror_problem
 
     def warm(self) -> View:
         """Bring the search mirror up to date and map its hot columns into this process, so
@@ -282,18 +314,26 @@ class Index:
         pending = self.store.token_later()
         view = self.mirror.refresh()
         refused: FilterError | None = None
+        missing: str | None = None  # a stored id the mirror does not hold yet
         try:
-            out, behind = answer_on(view), False
-        except _MirrorBehind:  # a stored id the mirror does not hold yet
-            out, behind = None, True
+            out = answer_on(view)
+        except _MirrorBehind as exc:
+            out, missing = None, exc.args[0]
         except FilterError as exc:  # judged on the stored values: again below if the mirror was behind
-            out, behind, refused = None, False, exc
+            out, refused = None, exc
         finally:
             now = pending()
         if refused is not None and now == view.token:
             raise refused
-        if behind or now != view.token:
-            view = self.mirror.sync(self.store)
+        if missing is not None or now != view.token:
+            view, synced = self._sync()
+            if not synced:  # the mirror cannot take the writes: answer from what it holds
+                if missing is not None:
+                    raise MirrorFull(f"id: the vector of {missing!r} was written after this machine's search mirror "
+                                     "filled up; it cannot be searched from until space is freed")
+                if refused is not None:
+                    raise refused
+                return out
             try:
                 out = answer_on(view)
             except _MirrorBehind as exc:  # replaced or deleted again between lookup and sync
