@@ -194,12 +194,16 @@ class Stats:
 @dataclass(frozen=True)
 class Health:
     """``GET /health``: the server is up and its store answers; ``writable`` says whether writes
-    are taken now, ``problem`` why not (a full disk or Redis, an evicting Redis)."""
+    are taken now, ``problem`` why not (a full disk or Redis, an evicting Redis);
+    ``search_current`` whether answers cover every acknowledged write, ``search_problem`` why not
+    (the server's search mirror has no space left for the latest)."""
 
     status: str
     backend: str
     writable: bool
     problem: str | None = None
+    search_current: bool = True
+    search_problem: str | None = None
 
 
 # --- the client -----------------------------------------------------------------------------
@@ -361,7 +365,8 @@ class Client:
         store is down answers 503, raised as :class:`ApiError`."""
         out = self._call("GET", "/health")
         return Health(status=out["status"], backend=out["backend"], writable=bool(out["writable"]),
-                      problem=out.get("problem"))
+                      problem=out.get("problem"), search_current=bool(out.get("search_current", True)),
+                      search_problem=out.get("search_problem"))
 
     # --- transport --------------------------------------------------------------------------
 

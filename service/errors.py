@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.filters import FilterError
-from gmmlsh.index.index import UnknownIdError
+from gmmlsh.index.index import MirrorFull, UnknownIdError
 from gmmlsh.index.store.base import ConfigConflict, DiskFull, StoreError, StoreUnavailable
 from gmmlsh.index.store.registry import CollectionExists, UnknownCollection
 from gmmlsh.service.schemas import UNION_TAGS, ErrorResponse
@@ -176,6 +176,14 @@ async def _unavailable_handler(request: Request, exc: Exception) -> Response:
 
 async def _full_handler(request: Request, exc: DiskFull) -> Response:
     log.warning("index full on %s %s: %s", request.method, request.url.path, exc)
+    if isinstance(exc, MirrorFull):  # a read that needs a vector the full search mirror cannot take
+        field, _, reason = str(exc).partition(": ")
+        return error_response(507, reason, field=field)
+    if exc.stored:  # a batch Redis took in several scripts: say truthfully what it kept
+        return error_response(507, f"the index filled up while writing the batch: {len(exc.stored)} of its vectors "
+                              "were stored (their ids are in details), the others were not; reads go on, send the "
+                              "batch again once space is freed (an upsert by id is idempotent)",
+                              details=[{"field": "id", "message": i, "type": "stored"} for i in exc.stored])
     return error_response(507, "the index cannot take writes: its disk (LMDB) or memory (Redis) is full; "
                           "nothing was written, reads go on, writes resume once space is freed")
 
@@ -250,6 +258,7 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         422: "Invalid input: field and reason in error.field / error.message",
         500: "Internal error (no traceback; see the server log)",
         503: "The store (LMDB / Redis) cannot be reached",
-        507: "The store is full (disk or Redis memory): nothing was written",
+        507: "The store is full (disk or Redis memory): nothing was written (or, for a batch Redis wrote in "
+             "several scripts, the ids it stored are in details)",
     }
     return {c: {"model": ErrorResponse, "description": text.get(c, "Error")} for c in codes}

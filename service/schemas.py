@@ -250,12 +250,16 @@ DELETE_BODY: TypeAdapter = TypeAdapter(BatchDelete)
 
 class HealthResponse(BaseModel):
     """The server is alive and its store answers (reads work); ``writable`` says whether writes
-    are taken now, and ``problem`` why not (a full disk or Redis, an evicting Redis)."""
+    are taken now, and ``problem`` why not (a full disk or Redis, an evicting Redis);
+    ``search_current`` whether answers cover every acknowledged write, and ``search_problem``
+    why not (this machine's search mirror has no space left for the latest)."""
 
     status: Literal["ok"]
     backend: str
     writable: bool
     problem: str | None = None
+    search_current: bool = True
+    search_problem: str | None = None
 
 
 class StatsResponse(BaseModel):
@@ -287,7 +291,8 @@ class ErrorBody(BaseModel):
     code: str = Field(description="machine-readable: invalid_request, not_found, unavailable, ...")
     field: str | None = Field(None, description="the first offending field, if any")
     message: str
-    details: list[ErrorDetail] | None = Field(None, description="every problem found (422 only)")
+    details: list[ErrorDetail] | None = Field(None, description="every problem found (422); on a 507 that stored "
+                                              "part of a batch, each id stored (type `stored`, the id in message)")
 
 
 class ErrorResponse(BaseModel):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -58,3 +59,44 @@ def unprivileged() -> tuple[list[str], Path]:
         yield (["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if root else []), d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def tmpfs():
+    """``mount(path, size)``: a fresh tmpfs of ``size`` (e.g. ``"24m"``) mounted at ``path``
+    (made if need be), unmounted afterwards: a small disk to fill. Needs the right to mount;
+    where there is none, the test says so and skips."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, size: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a small filesystem here: {proc.stderr.strip() or proc.returncode}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` to the last byte with a ballast file; returns it
+    (delete it to free the space)."""
+    ballast = directory / "ballast"
+    chunk = b"\0" * (64 << 10)
+    with open(ballast, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError:
+            pass
+        for size in (4096, 512, 1):  # the last partial blocks
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                continue
+    return ballast

@@ -510,16 +510,9 @@ def test_a_mirror_ahead_of_its_store_is_rebuilt(tmp_path, fmnist):
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(tmp_path, tmpfs):
     """A 24 MiB filesystem (tmpfs); needs the right to mount, else the test says why it skips."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small filesystem here: {proc.stderr.strip() or proc.returncode}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    return tmpfs(tmp_path / "small", "24m")
 
 
 def test_a_full_disk_is_a_clear_error_loses_nothing_and_writes_resume(small_disk):

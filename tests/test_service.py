@@ -541,7 +541,8 @@ def test_openapi_lists_every_error_code(server):
 
 def test_health_stats_metrics(server, loaded, backend):
     with server.client() as c:
-        assert c.get("/health").json() == {"status": "ok", "backend": backend.kind, "writable": True}
+        assert c.get("/health").json() == {"status": "ok", "backend": backend.kind, "writable": True,
+                                           "search_current": True}
         stats = c.get("/stats").json()
         assert stats["config"]["dim"] == DIM and stats["config"]["samples"] == 128
         assert stats["count"] == loaded.count()

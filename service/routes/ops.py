@@ -30,11 +30,14 @@ async def health(index: IndexDep, settings: SettingsDep) -> Response:
             # abandon_on_cancel: a hung store must not hang the probe too.
             await anyio.to_thread.run_sync(index.ping, abandon_on_cancel=True)
             problem = await anyio.to_thread.run_sync(index.write_problem, abandon_on_cancel=True)
+            behind = await anyio.to_thread.run_sync(index.read_problem, abandon_on_cancel=True)
     except TimeoutError:
         raise ApiError(503, f"the store did not answer within {HEALTH_TIMEOUT:g} s") from None
-    body = {"status": "ok", "backend": settings.backend, "writable": problem is None}
+    body = {"status": "ok", "backend": settings.backend, "writable": problem is None, "search_current": behind is None}
     if problem is not None:
         body["problem"] = settings.scrub(problem)
+    if behind is not None:
+        body["search_problem"] = behind
     return ORJSONResponse(body)
 
 
