@@ -130,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Content-Type", "X-API-Key", "Authorization"],
         )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, collection=settings.collection)
 
     _add_body_schemas(app)
     return app

@@ -29,6 +29,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CANDIDATE_BUCKETS = (0, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 
@@ -62,11 +64,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "gmmlsh_http_requests", "HTTP requests answered",
-            ["method", "route", "status"], registry=self.registry,
+            ["method", "route", "status", "collection"], registry=self.registry,
         )
         self.latency = Histogram(
             "gmmlsh_http_request_duration_seconds", "time to answer an HTTP request",
-            ["method", "route"], buckets=LATENCY_BUCKETS, registry=self.registry,
+            ["method", "route", "collection"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.candidates = Histogram(
             "gmmlsh_query_candidates", "vectors scored exactly per query",
@@ -105,11 +107,16 @@ class Metrics:
 
 class MetricsMiddleware:
     """Counts and times every request by route *template* (``/vectors/{id}``, not the id:
-    label values must stay few)."""
+    label values must stay few; a route under ``/collections/{collection}`` shows as the route
+    it mounts, ``/vectors``) and collection: the ``{collection}`` of the path, else the
+    server's own (``GMMLSH_COLLECTION``, by default ``default``). A 401 or 404 counts under
+    ``-`` (it may name a collection that does not exist: any name could be sent), so that only
+    collections that exist become labels."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: Metrics, collection: str = DEFAULT_COLLECTION):
         self.app = app
         self.metrics = metrics
+        self.collection = collection
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,5 +137,8 @@ class MetricsMiddleware:
             route = scope.get("route")
             path = getattr(route, "path_format", None) or getattr(route, "path", None) or "<unmatched>"
             method = scope.get("method", "")
-            self.metrics.requests.labels(method, path, str(status)).inc()
-            self.metrics.latency.labels(method, path).observe(time.perf_counter() - start)
+            collection = (scope.get("path_params") or {}).get("collection") or self.collection
+            if status in (401, 404) or not NAME_RE.match(collection):
+                collection = "-"
+            self.metrics.requests.labels(method, path, str(status), collection).inc()
+            self.metrics.latency.labels(method, path, collection).observe(time.perf_counter() - start)

@@ -554,7 +554,7 @@ def test_health_stats_metrics(server, loaded, backend):
         text = c.get("/metrics").text
     assert f"gmmlsh_index_vectors {float(loaded.count())}" in text
     assert "gmmlsh_store_up 1.0" in text
-    assert 'gmmlsh_http_requests_total{method="GET",route="/neighbors",status="200"}' in text
+    assert 'gmmlsh_http_requests_total{collection="default",method="GET",route="/neighbors",status="200"}' in text
     assert 'route="/vectors/v' not in text  # route templates, never ids, as labels
     assert 'gmmlsh_query_candidates_count{mode="lsh"}' in text
     assert "gmmlsh_http_request_duration_seconds_bucket" in text
@@ -742,6 +742,46 @@ def test_api_key_and_cors(tmp_path):
             assert c.delete("/vectors/a", headers=ok).status_code == 200
             spec = c.get("/openapi.json").json()
             assert "APIKeyHeader" in spec["components"]["securitySchemes"]
+    finally:
+        srv.stop()
+
+
+def test_the_readme_scrape_config_scrapes_a_server_with_an_api_key(tmp_path):
+    """The README's Prometheus scrape configuration, read and followed as Prometheus does
+    (``authorization`` sends ``Authorization: <type, Bearer by default> <the file's key>``),
+    against a server with an API key; the requests are counted by collection (issue #35, 11)."""
+    import yaml
+
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"^### Metrics\n.*?^```yaml\n(.*?)^```", text, re.M | re.S)
+    assert block, "the README's Metrics section has no yaml block"
+    job = yaml.safe_load(block[1])["scrape_configs"][0]
+    key_file = tmp_path / Path(job["authorization"]["credentials_file"]).name
+    key_file.write_text("scrape-key\n")
+    be = Backend("lmdb", tmp_path, None)
+    srv = Server(tmp_path, {**be.env, "GMMLSH_API_KEY": "scrape-key"}).start()
+    try:
+        header = f"{job['authorization'].get('type', 'Bearer')} {key_file.read_text().strip()}"
+        target = job["static_configs"][0]["targets"][0]
+        assert target.split(":")[0] in ("127.0.0.1", "localhost")
+        with httpx.Client(base_url=srv.base, timeout=30) as c:  # the server's own port for the target's
+            path = job.get("metrics_path", "/metrics")
+            assert c.get(path).status_code == 401
+            c.post("/vectors", json={"id": "a", "values": GOOD}, headers={"X-API-Key": "scrape-key"})
+            c.post("/collections", json={"name": "small", "dim": 3}, headers={"X-API-Key": "scrape-key"})
+            c.post("/collections/small/vectors", json={"id": "a", "values": [1, 2, 3]},
+                   headers={"X-API-Key": "scrape-key"})
+            c.get("/collections/nope/vectors/a", headers={"X-API-Key": "scrape-key"})
+            r = c.get(path, headers={"Authorization": header})
+            assert r.status_code == 200 and "gmmlsh_index_vectors 1.0" in r.text
+        counted = {line.rsplit(" ", 1)[0] for line in r.text.splitlines()
+                   if line.startswith("gmmlsh_http_requests_total")}
+        assert {'gmmlsh_http_requests_total{collection="small",method="POST",route="/vectors",status="200"}',
+                'gmmlsh_http_requests_total{collection="default",method="POST",route="/vectors",status="200"}',
+                'gmmlsh_http_requests_total{collection="-",method="GET",route="/metrics",status="401"}',
+                'gmmlsh_http_requests_total{collection="-",method="GET",route="/vectors/{id}",status="404"}',
+                } <= counted, counted
+        assert 'collection="nope"' not in r.text
     finally:
         srv.stop()
 
