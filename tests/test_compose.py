@@ -68,9 +68,16 @@ def _options(command: list[str]) -> dict[str, str]:
     return opts
 
 
-def _expand(value: str) -> str:
-    """Compose's ``${VAR:-default}`` → the default (what a bare ``docker compose up`` uses)."""
-    return re.sub(r"\$\{[A-Z0-9_]+:?-([^}]*)\}", r"\1", value)
+def _expand(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's ``${VAR:-default}``: the variable's value in ``env`` where set and not empty,
+    else the default (``env`` None: what a bare ``docker compose up`` uses)."""
+    return re.sub(r"\$\{([A-Z0-9_]+):?-([^}]*)\}", lambda m: (env or {}).get(m[1]) or m[2], value)
+
+
+def _published(mapping: str, env: dict[str, str] | None = None) -> tuple[str, str]:
+    """A ``ports`` entry → (the host address it listens on, "" for every interface; its host port(s))."""
+    parts = _expand(mapping, env).split(":")
+    return (parts[0], parts[1]) if len(parts) == 3 else ("", parts[0])
 
 
 def _api_services(compose: dict) -> dict[str, dict]:
@@ -114,8 +121,7 @@ def test_redis_api_is_replicated_and_waits_for_redis(compose):
     assert "--index" not in opts
     assert not api.get("volumes"), "replicas sharing Redis are stateless"
     # a host port range: one port per replica (a single fixed host port cannot be shared)
-    host, container = _expand(api["ports"][0]).rsplit(":", 1)
-    lo, _, hi = host.partition("-")
+    lo, _, hi = _published(api["ports"][0])[1].partition("-")
     assert hi and int(hi) - int(lo) + 1 >= api["deploy"]["replicas"]
 
 
@@ -262,3 +268,60 @@ def test_dockerignore_keeps_the_context_small():
         assert must in lines
     for needed in ("core", "index", "service", "pyproject.toml", "README.md"):
         assert needed not in lines and f"/{needed}" not in lines
+
+
+def _readme_deployment() -> str:
+    return re.search(r"^## Deployment\n(.*?)(?=^## )", README.read_text(), re.M | re.S)[1]
+
+
+def _readme_env_file(tmp_path: Path) -> dict[str, str]:
+    """The ``.env`` the README's Deployment section writes, written by its own command line."""
+    line = next(ln.strip() for ln in _readme_deployment().splitlines() if "> .env" in ln)
+    subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True, timeout=30)
+    pairs = [ln.split("=", 1) for ln in (tmp_path / ".env").read_text().splitlines() if ln and ln[0] != "#"]
+    return dict(pairs)
+
+
+def test_nothing_is_published_beyond_this_machine_by_default(compose):
+    """Published on every interface with no API key, the replicas were open to the network and
+    bypassed nginx (issue #35, item 12): every port listens on 127.0.0.1 unless GMMLSH_BIND says
+    otherwise, and the replicas' own on 127.0.0.1 whatever it says."""
+    for name, svc in compose["services"].items():
+        for mapping in svc.get("ports", []):
+            assert _published(mapping)[0] == "127.0.0.1", f"{name} publishes {mapping} beyond this machine"
+            assert _published(mapping, {"GMMLSH_BIND": "0.0.0.0"})[0] == ("127.0.0.1" if name == "api" else
+                                                                           "0.0.0.0"), (name, mapping)
+
+
+def test_the_readme_env_file_sets_the_dimension_the_key_and_the_address(compose, tmp_path):
+    """The README's ``.env`` line, run: the replicas get its dimension and key, the proxy listens
+    on its address, the replicas stay on loopback; git ignores the file and the image never
+    holds it (issue #35, items 12-13)."""
+    env = _readme_env_file(tmp_path)
+    assert {"GMMLSH_DIM", "GMMLSH_API_KEY", "GMMLSH_BIND"} <= set(env) and len(env["GMMLSH_API_KEY"]) >= 32
+    for svc in _api_services(compose).values():
+        values = {k: _expand(str(v), env) for k, v in svc["environment"].items()}
+        assert values["GMMLSH_DIM"] == env["GMMLSH_DIM"] and values["GMMLSH_API_KEY"] == env["GMMLSH_API_KEY"]
+        Settings(**{k[len("GMMLSH_"):].lower(): v for k, v in values.items()})
+    assert _published(compose["services"]["proxy"]["ports"][0], env)[0] == env["GMMLSH_BIND"]
+    assert _published(compose["services"]["api"]["ports"][0], env)[0] == "127.0.0.1"
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q", ".env"], cwd=REPO)
+    assert ignored.returncode == 0, ".env (it holds the API key) must be ignored by git"
+    assert ".env" in DOCKERIGNORE.read_text().split(), ".env must stay out of the image's build context"
+
+
+def test_the_readme_says_how_to_start_over_with_another_dimension(compose):
+    """The stack makes its index at the first `up` (GMMLSH_DIM, 784 unless set), so the
+    README's "up, then load your data" failed for data of any other dimension (issue #35,
+    item 13): it says to set the dimension first, and how to drop the index and start over
+    (`down -v` deletes the volumes that hold it, Redis' and LMDB's alike)."""
+    text = _readme_deployment()
+    assert "GMMLSH_DIM" in text and ".env" in text
+    block = text[text.index("> .env"):]
+    down = next(ln for ln in block.splitlines() if " down" in ln)
+    up = next(ln for ln in block.splitlines() if " up -d" in ln)
+    assert block.index(down) < block.index(up) and "-v" in down.split("#")[0].split()
+    data = {v.split(":")[0] for svc in compose["services"].values() for v in svc.get("volumes", [])}
+    data &= set(compose["volumes"])
+    assert data == {"redis-data", "lmdb-data"}, "the index lives on named volumes only (down -v deletes those)"
+    assert "--profile lmdb" in down, "down -v must reach the LMDB profile's volume too"
