@@ -85,10 +85,12 @@ Check an index's integrity by a full scan of the store (every id names a whole
 record that names it back; every record decodes, has its true L1 norm and a
 sketch equal to a re-hash of its vector; no field outlives its record; the
 count is exact) and of this machine's search mirror (it holds exactly the live
-records, as stored; its lists cover every listed live row once). Exit code 0
-when sound, 1 when problems are found. Check a quiet index (or a snapshot): a
-write landing during the scan can look like a problem. A damaged mirror is
-repaired by deleting its directory: it is rebuilt from the store.
+records, as stored; its lists cover every listed live row once). It only reads,
+so it runs on a full disk too: the mirror is checked as it stands, and vectors
+written since it last caught up are counted ("behind the store"), not reported.
+Exit code 0 when sound, 1 when problems are found. Check a quiet index (or a
+snapshot): a write landing during the scan can look like a problem. A damaged
+mirror is repaired by deleting its directory: it is rebuilt from the store.
 """
 
 
