@@ -8,10 +8,15 @@ with the Python of the virtual environment the quick start made, whose ``bin`` i
 on ``PATH`` (the README says to activate it). A line that starts ``gmmlsh serve`` runs in
 the background until the next one replaces it; the test waits for its ``/health`` before
 going on. The Redis examples talk to ``localhost:6379``: the test starts a
-``redis-server`` there for them (and fails, saying so, if the port is taken).
+``redis-server`` for them. The README's ports (the server's 8000, Redis' 6379) are replaced by
+free ones in every command, so that a server the reader left running (the quick start's, a
+Redis of their own) is no obstacle.
 
-Two blocks are not run here, for a reason each: the test command (it is what runs this
-test) and the Docker blocks (``tests/test_docker.py`` runs those against a real engine).
+The test command runs as written but for its last step: the suite is collected, not run
+(collecting imports every test module, so a broken install shows; running it is what runs
+this test). The Docker blocks are not run here (``tests/test_docker.py`` runs them against a
+real engine). Every file the commands leave in the copy must be one git ignores, so that a
+clone where someone has tried the README copies clean into the next run.
 """
 
 from __future__ import annotations
@@ -29,14 +34,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import DATA
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-SHARED = REPO.parent / "shared"
+SHARED = DATA.parent  # ../shared beside the repository, or where GMMLSH_DATA says (conftest)
 #: Blocks left to other tests: (section heading, text the block contains) → why.
 NOT_HERE = {
-    ("Quick start", "pytest"): "the test command: it is what runs this test",
     ("Deployment", "docker"): "tests/test_docker.py runs the Docker blocks against a real engine",
+}
+#: Blocks run with one change: (section heading, text in the block) → (old, new).
+CHANGED = {
+    ("Quick start", 'pip install -e ".[test]"'): (".venv/bin/pytest -q", ".venv/bin/pytest -q --collect-only"),
 }
 #: A shell that stops at the first failing command, and a curl that fails on an HTTP error.
 PRELUDE = 'set -euo pipefail\ncurl() { command curl -sS --fail-with-body "$@"; echo; }\n'
@@ -108,21 +117,37 @@ def _port_free(port: int) -> bool:
     return True
 
 
-class Session:
-    """The newcomer's shell: a fresh copy of the repository, its venv on PATH, one server."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, root: Path):
+
+class Session:
+    """The newcomer's shell: a fresh copy of the repository, its venv on PATH, one server, and
+    the README's ports (``port_map``: README port → this run's) replaced in every command."""
+
+    def __init__(self, root: Path, port_map: dict[int, int]):
         self.root = root
+        self.ports = port_map
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GMMLSH_", "VIRTUAL_ENV", "NUMBA_"))}
         self.env["PATH"] = f"{root / '.venv' / 'bin'}{os.pathsep}{self.env['PATH']}"
+        self.env["XDG_CACHE_HOME"] = str(root.parent / "cache")  # compiled kernels: not in the tester's home
         self.server: subprocess.Popen | None = None
-        self.log = root / "server.log"
+        self.log = root.parent / "server.log"
+
+    def ported(self, text: str) -> str:
+        """``text`` with the README's ports (after a colon or ``--port``) replaced by this run's."""
+        for readme, mine in self.ports.items():
+            text = re.sub(rf"(?<=:){readme}\b|(?<=--port ){readme}\b", str(mine), text)
+        return text
 
     def run(self, block: Block) -> None:
         if block.lang == "python":
-            self._check(block, [str(self.root / ".venv" / "bin" / "python"), "-c", block.text], block.text)
+            code = self.ported(block.text)
+            self._check(block, [str(self.root / ".venv" / "bin" / "python"), "-c", code], code)
             return
-        for command in commands(block.text):
+        for command in map(self.ported, commands(block.text)):
             m = SERVE.match(command)
             if m and m["before"]:
                 self._shell(block, m["before"].rstrip().removesuffix("&&"))
@@ -142,7 +167,9 @@ class Session:
     def serve(self, block: Block, command: str) -> None:
         """Start ``command`` (a ``gmmlsh serve`` line) in place of the server before it."""
         self.stop()
-        port = int(re.search(r"--port\s+(\d+)", command)[1]) if "--port" in command else 8000
+        if "--port" not in command:  # the server's default port, 8000: this run's in its place
+            command = command.replace("gmmlsh serve", f"gmmlsh serve --port {self.ports[8000]}", 1)
+        port = int(re.search(r"--port\s+(\d+)", command)[1])
         assert _port_free(port), f"{block.where()}: port {port} is taken; the README's server needs it"
         self.server = subprocess.Popen(["bash", "-c", command], cwd=self.root, env=self.env,
                                        stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -184,18 +211,18 @@ def _fresh_copy(dest: Path) -> Path:
 
 
 @pytest.fixture
-def redis_6379(tmp_path):
-    """A redis-server on localhost:6379 for the README's Redis examples."""
+def readme_redis(tmp_path) -> int:
+    """A redis-server on a free port of localhost for the README's Redis examples; its port."""
     if not shutil.which("redis-server"):
         pytest.fail("redis-server is not on the PATH (the README's test command says to install it)")
-    assert _port_free(6379), "port 6379 is taken: the README's Redis examples need a fresh redis-server there"
-    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", "6379", "--save", "",
+    port = _free_port()
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
                              "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
     for _ in range(100):
-        if not _port_free(6379):
+        if not _port_free(port):
             break
         time.sleep(0.05)
-    yield
+    yield port
     proc.terminate()
     proc.wait(10)
 
@@ -210,10 +237,11 @@ def test_readme_parses_into_the_blocks_a_reader_sees():
     assert multi, "the Service section's multi-line curl commands are read as one command each"
 
 
-def test_every_command_block_runs_as_written(tmp_path, redis_6379):
+def test_every_command_block_runs_as_written(tmp_path, readme_redis):
     if not SHARED.is_dir():
-        pytest.fail(f"{SHARED} is missing: the README's commands read ../shared/data")
-    session = Session(_fresh_copy(tmp_path))
+        pytest.fail(f"{SHARED} is missing: the README's commands read ../shared/data (GMMLSH_DATA: its data folder)")
+    session = Session(_fresh_copy(tmp_path), {8000: _free_port(), 6379: readme_redis})
+    copied = set(os.listdir(session.root))
     ran = 0
     try:
         for block in blocks(README.read_text()):
@@ -222,8 +250,19 @@ def test_every_command_block_runs_as_written(tmp_path, redis_6379):
             if reason:
                 print(f"{block.where()}: not run here: {reason}", file=sys.stderr)
                 continue
+            for (heading, text), (old, new) in CHANGED.items():
+                if block.heading == heading and text in block.text:
+                    assert old in block.text, f"{block.where()}: {old!r} is gone; update CHANGED"
+                    block = Block(block.heading, block.lang, block.text.replace(old, new), block.line)
             session.run(block)
             ran += 1
     finally:
         session.stop()
     assert ran >= 8
+    left = sorted(set(os.listdir(session.root)) - copied)
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO, capture_output=True,
+                             text=True, input="".join(f"{n}/\n" if (session.root / n).is_dir() else f"{n}\n"
+                                                      for n in left)).stdout.split()
+    assert not set(left) - {n.rstrip("/") for n in ignored}, (
+        f"the README's commands leave files git does not ignore (add them to .gitignore): "
+        f"{sorted(set(left) - {n.rstrip('/') for n in ignored})}")
