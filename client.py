@@ -125,8 +125,9 @@ class Neighbor:
 
 @dataclass(frozen=True)
 class QueryResult:
-    """An answer: the ``mode`` that produced it (``lsh``, ``exact`` or ``nrff``), the ``k`` asked
-    for, how many vectors it scored exactly (``candidates``) and the neighbours, best first."""
+    """An answer: the search that produced it (``mode``: ``sketch``, ``postings``, ``exact`` or
+    ``nrff``), the ``k`` asked for, how many vectors it scored exactly (``candidates``) and the
+    neighbours, best first."""
 
     mode: str
     k: int
@@ -306,8 +307,9 @@ class Client:
         """Nearest neighbours of a vector, or of a stored ``id`` (which is left out of its own answer).
 
         Give exactly one of ``vector`` (sent to ``POST /neighbors/search``) or ``id`` (``GET
-        /neighbors?id=``). ``k`` (default: the server's ``default_k``), ``mode`` (``lsh``, the
-        default; ``exact``; ``nrff``), ``min_similarity``, ``candidates`` (rerank budget) and
+        /neighbors?id=``). ``k`` (default: the server's ``default_k``), ``mode`` (``auto``, the
+        default: the search the index tuned; ``sketch``, ``postings``, ``exact``, ``nrff``),
+        ``min_similarity``, ``candidates`` (rerank budget) and
         ``probes`` (lists scanned) are the API's query parameters; None leaves the server's default.
         ``filter``: only neighbours whose metadata pass it (the API's filter, Qdrant's shape).
         """

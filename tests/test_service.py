@@ -205,7 +205,10 @@ def http_pairs(body: dict) -> list[tuple[str, float]]:
 
 
 def assert_same(http: dict, local, k: int, mode: str) -> None:
-    assert http["mode"] == mode and http["k"] == k
+    """The HTTP answer is the in-process one; ``mode``: the mode asked for (``auto`` and its alias
+    ``lsh`` answer with the search the index tuned, named in the answer)."""
+    assert http["mode"] == local.mode and http["k"] == k
+    assert local.mode in (("sketch", "exact") if mode in ("auto", "lsh") else (mode,))
     assert http["candidates"] == local.candidates
     got, want = http_pairs(http), as_pairs(local)
     assert [g[0] for g in got] == [w[0] for w in want]
@@ -215,7 +218,7 @@ def assert_same(http: dict, local, k: int, mode: str) -> None:
 # --- 1. answers match the in-process index ------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["lsh", "exact"])
+@pytest.mark.parametrize("mode", ["auto", "lsh", "exact"])
 def test_neighbors_by_id_match_index(server, loaded, mode):
     with server.client() as c:
         for i in range(0, 300, 15):
@@ -227,7 +230,7 @@ def test_neighbors_by_id_match_index(server, loaded, mode):
             assert all(n["metadata"] is not None for n in body["neighbors"])
 
 
-@pytest.mark.parametrize("mode", ["lsh", "exact"])
+@pytest.mark.parametrize("mode", ["auto", "exact"])
 def test_neighbors_by_vector_match_index(server, loaded, data, mode):
     _, _, Q = data
     with server.client() as c:
@@ -244,7 +247,7 @@ def test_search_body_single_and_batch(server, loaded, data):
     with server.client() as c:
         r = c.post("/neighbors/search", json={"values": Q[1].tolist(), "k": 5})
         assert r.status_code == 200, r.text
-        assert_same(r.json(), loaded.query(Q[1], k=5), 5, "lsh")
+        assert_same(r.json(), loaded.query(Q[1], k=5), 5, "auto")
 
         r = c.post("/neighbors/search", json={"indices": nz.tolist(), "values": Q[0][nz].tolist(),
                                               "k": 4, "mode": "exact"})
@@ -257,7 +260,7 @@ def test_search_body_single_and_batch(server, loaded, data):
         results = r.json()["results"]
         assert len(results) == len(Q)
         for got, q in zip(results, Q, strict=True):
-            assert_same(got, loaded.query(q, k=6), 6, "lsh")
+            assert_same(got, loaded.query(q, k=6), 6, "auto")
 
         # a mixed batch: per-query knobs override the batch's
         r = c.post("/neighbors/search", json={"k": 3, "queries": [
@@ -267,9 +270,9 @@ def test_search_body_single_and_batch(server, loaded, data):
         ]})
         assert r.status_code == 200, r.text
         a, b, s = r.json()["results"]
-        assert_same(a, loaded.query(id="v5", k=3), 3, "lsh")
+        assert_same(a, loaded.query(id="v5", k=3), 3, "auto")
         assert_same(b, loaded.query(Q[2], k=8, mode="exact"), 8, "exact")
-        assert_same(s, loaded.query(Q[0], k=3, candidates=50), 3, "lsh")
+        assert_same(s, loaded.query(Q[0], k=3, candidates=50), 3, "auto")
 
 
 def test_min_similarity_and_candidates(server, loaded):

@@ -23,6 +23,7 @@ from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
 from gmmlsh.service.parsing import located, parse_body
 from gmmlsh.service.schemas import (
+    MODE_HELP,
     SEARCH_BODY,
     Mode,
     NeighborsResponse,
@@ -56,10 +57,10 @@ async def neighbors(
     id: Annotated[str | None, Query(min_length=1, max_length=MAX_ID_BYTES, description="id of a stored vector")] = None,
     vector: Annotated[str | None, Query(description="dense query, e.g. 0.1,0,-2.5,...")] = None,
     k: Annotated[int | None, Query(ge=1, description="neighbours (≤ max_k)")] = None,
-    mode: Annotated[Mode | None, Query(description="lsh (default), exact, nrff")] = None,
+    mode: Annotated[Mode | None, Query(description=MODE_HELP)] = None,
     min_similarity: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
-    candidates: Annotated[int | None, Query(ge=1, description="rerank budget (lsh)")] = None,
-    probes: Annotated[int | None, Query(ge=0, description="inverted lists scanned (lsh; 0: all)")] = None,
+    candidates: Annotated[int | None, Query(ge=1, description="rerank budget (sketch, postings)")] = None,
+    probes: Annotated[int | None, Query(ge=0, description="inverted lists scanned (sketch; 0: all)")] = None,
     filter: Annotated[str | None, Query(description="a metadata filter as JSON (see POST /neighbors/search)")]
     = None,
 ) -> Response:
@@ -119,7 +120,7 @@ def resolve_knobs(settings: Settings, q: QueryParams, base: QueryParams | None =
     ms = pick("min_similarity")
     spec = pick("filter")
     where = prefix + "filter" if q.filter is not None or base is None else "filter"
-    return Knobs(int(k), pick("mode") or "lsh", float(ms) if ms is not None else 0.0, pick("candidates"),
+    return Knobs(int(k), pick("mode") or "auto", float(ms) if ms is not None else 0.0, pick("candidates"),
                  pick("probes"), compile_filter(spec, where) if spec is not None else None)
 
 
