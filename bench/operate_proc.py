@@ -33,18 +33,20 @@ def wait_until(moment: float) -> None:
 
 
 class Child:
-    """One child process of the benchmark: ``python -m MODULE ARGS… --result FILE``."""
+    """One child process of the benchmark: ``MODULE.main()`` with ``ARGS… --result FILE`` as its
+    command line (helpers, not scripts: ``gmmlsh bench --list`` leaves them out)."""
 
     def __init__(self, module: str, args: list[str], result: Path, log: IO, env: dict | None = None):
-        self.result = result
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args, "--result", str(result)],
+        self.name, self.result = module, result
+        self.proc = subprocess.Popen([sys.executable, "-c", f"from {module} import main; main()", *args,
+                                      "--result", str(result)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
 
     def wait_ready(self) -> None:
         line = self.proc.stdout.readline()  # the child loads its data first: no timeout here, it says when it fails
         if line.strip() != "ready":
             self.proc.wait()
-            raise RuntimeError(f"{self.proc.args[2]} did not start (exit {self.proc.returncode}): see its log")
+            raise RuntimeError(f"{self.name} did not start (exit {self.proc.returncode}): see its log")
 
     def go(self, t0: float, t_end: float) -> None:
         self.proc.stdin.write(f"go {t0} {t_end}\n")
@@ -57,9 +59,9 @@ class Child:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            raise RuntimeError(f"{self.proc.args[2]} did not finish within {timeout:.0f} s") from None
+            raise RuntimeError(f"{self.name} did not finish within {timeout:.0f} s") from None
         if self.proc.returncode != 0:
-            raise RuntimeError(f"{self.proc.args[2]} exited with {self.proc.returncode}: see its log")
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: see its log")
         return json.loads(self.result.read_text())
 
     def stop(self) -> None:

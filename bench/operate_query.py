@@ -7,9 +7,11 @@ writer and the index's upkeep were doing at that moment.
 
 In process, :func:`loop` calls ``Index.query``. Over HTTP this module runs as its own
 process (the client must not share the server's interpreter, nor the harness's) and
-posts each query to ``POST /neighbors/search`` on one keep-alive connection:
+posts each query to ``POST /neighbors/search`` on one keep-alive connection
+(``bench_operate`` starts it; by hand:)
 
-    python -m bench.operate_query --url URL --shape fashion --offset 1000 --count 2000 --result FILE
+    python -c "from bench.operate_query import main; main()" \
+        --url URL --shape fashion --offset 1000 --count 2000 --result FILE
 """
 
 from __future__ import annotations
@@ -98,6 +100,3 @@ def main(argv: list[str] | None = None) -> None:
         out = loop(ask, len(bodies), t0, t_end)
     a.result.write_text(json.dumps(out))
 
-
-if __name__ == "__main__":
-    main()

@@ -16,7 +16,8 @@ idempotent), so the plan and the store never part.
 The writer keeps to its schedule: a tick starts when it is due, or at once when the
 writer is late; its *lag* is how late it started. It never runs ahead to make up.
 
-    python -m bench.operate_writer --shape fashion --n 100000 --rows 340000 --index DIR --result FILE
+    python -c "from bench.operate_writer import main; main()" \
+        --shape fashion --n 100000 --rows 240500 --index DIR --result FILE
 """
 
 from __future__ import annotations
@@ -230,6 +231,3 @@ def main(argv: list[str] | None = None) -> None:
     np.save(a.result.with_suffix(".source.npy"), plan.source[:plan.next_id])
     a.result.write_text(json.dumps(out))
 
-
-if __name__ == "__main__":
-    main()
