@@ -29,7 +29,6 @@ import gc
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ import numba
 import numpy as np
 
 from bench import scale_data
-from bench.common import emit, gmm_distance, serve, start_redis
+from bench.common import build_index, emit, gmm_distance, serve, start_redis, store_args
 from gmmlsh.index.index import Index
 
 WARM_QUERIES = 200  # served before timing, from test images 5,000+ (never timed)
@@ -55,19 +54,11 @@ def build(n: int, backend: str, workdir: Path, redis_url: str | None) -> tuple[d
     src = scale_data.data_path(n)
     scale_data.data(n)
     if backend == "lmdb":
-        where = ["--index", str(workdir / f"lmdb-{n}")]
         shutil.rmtree(workdir / f"lmdb-{n}", ignore_errors=True)
         opened = {"location": str(workdir / f"lmdb-{n}")}
     else:
-        where = ["--redis", redis_url, "--prefix", f"scale{n}", "--cache-dir", str(workdir / "cache")]
         opened = {"location": redis_url, "prefix": f"scale{n}", "cache_dir": str(workdir / "cache")}
-    cmd = [sys.executable, "-m", "gmmlsh.service.cli", "build", str(src), *where, "--no-progress", "--json"]
-    t = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    seconds = time.perf_counter() - t
-    summary = json.loads(out.stdout)
-    summary["command_seconds"] = seconds
-    return opened, summary
+    return opened, build_index(src, store_args(**opened))
 
 
 def gmmlsh_round(ix: Index, Q: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
