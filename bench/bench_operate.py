@@ -123,7 +123,7 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
         final["upkeep_running"] = watch.running()
-        return {"t0": t0, "queries": q, "writer": w, "events": list(watch.events), "logs": watch.logs,
+        return {"t0": t0, "queries": q, "writer": w, "events": watch.events, "logs": watch.logs,
                 "final": final, "query_thread": threading.current_thread().name,
                 "search_after": ix.stats()["search"]}
     finally:
@@ -148,9 +148,13 @@ def run_http(args, shape: Shape, opened: dict, rows: int, workdir: Path, log) ->
     from bench.operate_query import http_bodies
 
     final_n, load_n = query_counts(shape, args)
+    from gmmlsh.index.index import Index
+
+    with Index.open(**opened, maintain=False) as ix:  # where the server's workers keep the mirror
+        mirror_dir = ix.mirror.dir
     proc, url = serve(opened["location"], workers=2, env={"GMMLSH_LOG_LEVEL": "info"},
                       prefix=opened.get("prefix"), cache_dir=opened.get("cache_dir"), log=subprocess.PIPE)
-    watch = HttpWatch(url, proc.stderr)
+    watch = HttpWatch(url, proc.stderr, mirror_dir)
     children = []
     try:
         client = Child("bench.operate_query", ["--url", url, "--shape", args.shape, "--offset", str(final_n),

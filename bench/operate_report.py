@@ -47,68 +47,53 @@ def intervals(q: dict, writer: dict, events: list[dict], t0: float, seconds: flo
     return L
 
 
-def _worth(e: dict) -> bool:
-    """An upkeep event that did something (not a maintain call that found nothing due)."""
-    return not (e["kind"] == "maintain" and "nothing" in e.get("detail", {}))
+#: The engine's upkeep tasks (gmmlsh.index.upkeep): list work and tuning.
+LIST_KINDS = ("absorb", "merge", "fit")
+KINDS = (*LIST_KINDS, "tune")
 
 
 def runs(events: list[dict]) -> list[dict]:
-    """Upkeep runs: each ``maintain`` call that did something, with the list build and the
-    tuning inside it; a list build or tuning seen outside any (over HTTP) is a run of its own."""
-    inner = [e for e in events if e["kind"] in ("lists", "tune")]
-    out, used = [], set()
-    for m in (e for e in events if e["kind"] == "maintain" and _worth(e)):
-        parts = [i for i, e in enumerate(inner)
-                 if e["thread"] == m["thread"] and m["start"] <= e["start"] and e["end"] <= m["end"]]
-        used.update(parts)
-        out.append({**m, "parts": [inner[i] for i in parts]})
-    out += [{**e, "parts": [e]} for i, e in enumerate(inner) if i not in used]
-    return sorted(out, key=lambda r: r["start"])
-
-
-def _part_s(run: dict, kind: str) -> float | None:
-    d = [e["end"] - e["start"] for e in run["parts"] if e["kind"] == kind]
-    return sum(d) if d else None
+    """The upkeep tasks among the events (not the mirror's syncs), in the order they started."""
+    return sorted((e for e in events if e["kind"] in KINDS), key=lambda r: r["start"])
 
 
 def _started(rs: list[dict], lo: float, hi: float) -> str:
-    """The upkeep runs that started in [lo, hi), in a few words."""
+    """The upkeep tasks that started in [lo, hi), in a few words."""
     rs = [r for r in rs if lo <= r["start"] < hi]
-    if any(r.get("seen_between_polls") for r in rs):  # over HTTP: counts only
-        kinds = [r["kind"] for r in rs]
-        return ", ".join(f"{k} ×{kinds.count(k)}" for k in ("lists", "tune") if k in kinds) + " (seen in /stats)"
-    lists = [d for r in rs if (d := _part_s(r, "lists")) is not None]
-    tunes = [d for r in rs if (d := _part_s(r, "tune")) is not None]
-    words = ([f"lists ×{len(lists)} (max {max(lists):.1f} s)"] if lists else []) + \
-        [f"re-tune {d:.1f} s" for d in tunes]
+    words = []
+    for kind in KINDS:
+        d = [r["end"] - r["start"] for r in rs if r["kind"] == kind]
+        if d:
+            words.append(f"{kind} ×{len(d)} (max {max(d):.1f} s)" if len(d) > 1 else f"{kind} {d[0]:.1f} s")
     return ", ".join(words) or "–"
 
 
-def upkeep(q: dict, events: list[dict], t0: float) -> list[str]:
-    """Each upkeep run: when, how long (its list build and tuning apart), what it did, and the
-    queries it overlapped."""
+def upkeep(q: dict, events: list[dict], t0: float, tasks: int = 40) -> list[str]:
+    """The upkeep tasks: a summary per kind, then each of the longest ``tasks`` — when, how
+    long, what it did, and the queries it overlapped."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     rs = runs(events)
     if not rs:
         return ["No upkeep ran during the load."]
-    L = ["| upkeep run | start (s) | duration (s) | lists (s) | tuning (s) | what | queries during it | "
-         "their max ms |", "|---|---:|---:|---:|---:|---|---:|---:|"]
-    for r in rs:
+    L = ["| upkeep | tasks | seconds, total | p50 | max |", "|---|---:|---:|---:|---:|"]
+    for kind in KINDS:
+        d = np.array([r["end"] - r["start"] for r in rs if r["kind"] == kind])
+        if d.size:
+            L.append(f"| {kind} | {d.size:,} | {d.sum():,.1f} | {np.percentile(d, 50):.2f} | {d.max():.2f} |")
+    L += ["", "| upkeep task | start (s) | duration (s) | what | queries during it | their max ms |",
+          "|---|---:|---:|---|---:|---:|"]
+    for r in sorted(sorted(rs, key=lambda r: r["start"] - r["end"])[:tasks], key=lambda r: r["start"]):
         during = (start < r["end"]) & (start + lat > r["start"])
-        lists, tune = _part_s(r, "lists"), _part_s(r, "tune")
-        what = "; ".join(_detail(e.get("detail", {})) for e in r["parts"]) or _detail(r.get("detail", {}))
-        if r.get("seen_between_polls"):  # over HTTP: it ended between two polls of /stats, duration unknown
-            lists = tune = None
-            what = f"ended between {r['start'] - t0:,.1f} and {r['end'] - t0:,.1f} s: {what}"
-        took = "?" if r.get("seen_between_polls") else f"{r['end'] - r['start']:,.2f}"
-        L.append(f"| {r['kind']} ({r['thread']}) | {r['start'] - t0:,.1f} | {took} | "
-                 f"{'–' if lists is None else f'{lists:.2f}'} | {'–' if tune is None else f'{tune:.2f}'} | "
-                 f"{what} | {int(during.sum()):,} | {_ms(lat[during].max()) if during.any() else '–'} |")
+        L.append(f"| {r['kind']} ({r['thread']}) | {r['start'] - t0:,.1f} | {r['end'] - r['start']:,.2f} | "
+                 f"{_detail(r.get('detail', {}))} | {int(during.sum()):,} | "
+                 f"{_ms(lat[during].max()) if during.any() else '–'} |")
     return L
 
 
 def _detail(d: dict) -> str:
-    return "; ".join(f"{k} {v}" for k, v in d.items() if k != "params").replace("|", "/")
+    keep = ("rows", "segments", "merged", "listed", "fit", "lists", "refit", "chosen", "sample", "trials",
+            "sample_recall_bound", "search_ms", "exact_ms", "truth_seconds", "stale")
+    return "; ".join(f"{k} {d[k]}" for k in keep if k in d).replace("|", "/")
 
 
 def syncs(events: list[dict], query_thread: str) -> list[str]:
@@ -130,7 +115,7 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, worst: int
     L = [f"Queries slower than {slow * 1e3:.0f} ms: **{over.shape[0]:,}** of {lat.shape[0]:,}"
          + (f"; the worst {_ms(lat.max())} ms." if lat.size else ".")]
     for i in over[np.argsort(-lat[over])][:worst]:
-        busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i]) if _worth(e)})
+        busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
         L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
 

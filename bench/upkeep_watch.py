@@ -1,45 +1,90 @@
 """What the index's own upkeep did during a ``bench_operate`` run, and when.
 
-The engine does not (yet) report its upkeep as events, so the benchmark watches it:
-
-* In process (:class:`InProcessWatch`): the index's upkeep entry points are wrapped where
-  they are looked up at call time — ``Index.maintain`` on the instance (the background
-  thread's target), the list build (``generation.build``) and the tuner
-  (``tuner.tune``) in their modules, and ``Mirror.sync`` on the instance (a query applying
-  the writer's changes, or upkeep catching up) — and each call is recorded with its
-  thread, start and end (``time.monotonic``). Nothing polls: the watch costs the query
-  thread nothing. The ``gmmlsh`` loggers' records are kept too.
-* Over HTTP (:class:`HttpWatch`): the server's workers are other processes, so ``GET
-  /stats`` is polled (once a second, its own latency recorded) and a change of the lists
-  (``mirror.lists``/``listed_rows``) or of the tuning (``search``) is an upkeep that ended
-  between two polls; the server's log lines are kept with the moment they arrived.
+The engine records every upkeep task machine-wide (:mod:`gmmlsh.index.upkeep`): a line of the
+mirror's ``upkeep.log`` per task done (kind, lane, process, start, seconds, what it did) and an
+``upkeep-<lane>.json`` while one runs. :class:`UpkeepLog` reads the tasks a run saw, on the
+benchmark's clock (``time.monotonic``). In process (:class:`InProcessWatch`) ``Mirror.sync`` is
+also wrapped on the instance, to time the query thread applying the writer's changes, and the
+``gmmlsh`` loggers' records are kept. Over HTTP (:class:`HttpWatch`) ``GET /stats`` is polled
+once a second (its own latency recorded) and the server's log lines are kept.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
-from gmmlsh.index import generation, tuner
+
+class UpkeepLog:
+    """The upkeep tasks recorded in a mirror directory after this object was made."""
+
+    def __init__(self, mirror_dir: str | Path):
+        self.dir = Path(mirror_dir)
+        self.offset = time.monotonic() - time.time()  # wall clock → the benchmark's clock
+        log = self.dir / "upkeep.log"
+        self.skip = log.stat().st_size if log.exists() else 0
+
+    def events(self) -> list[dict]:
+        """Each task: kind (absorb, merge, fit, tune), ``thread`` (lane and process), ``start``,
+        ``end`` (monotonic seconds) and ``detail`` (what it did)."""
+        log = self.dir / "upkeep.log"
+        if not log.exists():
+            return []
+        with open(log, "rb") as f:
+            f.seek(min(self.skip, log.stat().st_size))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        out = []
+        for line in lines:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            start = e.pop("started") + self.offset
+            out.append({"kind": e.pop("kind"), "thread": f"{e.pop('lane')} lane, pid {e.pop('pid')}", "start": start,
+                        "end": start + e.pop("seconds"), "detail": e})
+        return out
+
+    def running(self) -> list[str]:
+        """Upkeep under way now, by any process of the machine."""
+        out = []
+        for path in self.dir.glob("upkeep-*.json"):
+            try:
+                task = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            out.append(f"{task['kind']} ({task['lane']} lane, pid {task['pid']})")
+        return out
 
 
 class InProcessWatch:
-    """Records the upkeep of one ``Index`` opened in this process; :meth:`close` unwraps."""
+    """The upkeep of one ``Index`` opened in this process, and its mirror syncs; :meth:`close` unwraps."""
 
     def __init__(self, ix):
         self.ix = ix
-        #: dicts: kind ("maintain", "lists", "tune", "sync"), thread, start, end, detail
-        self.events: list[dict] = []
+        self.upkeep = UpkeepLog(ix.mirror.dir)
+        #: the mirror's syncs: kind "sync", thread, start, end, detail
+        self.syncs: list[dict] = []
         self.logs: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
         self._undo: list[Callable[[], None]] = []
-        self._wrap(ix, "maintain", "maintain", _maintain_detail, instance=True)
-        self._wrap(ix.mirror, "sync", "sync", lambda out: {"rows": out.rows}, instance=True)
-        self._wrap(generation, "build", "lists", lambda name: {"generation": str(name)})
-        self._wrap(tuner, "tune", "tune", _tune_detail)
+        inner = ix.mirror.sync
+
+        def sync(*args, **kwargs):
+            start = time.monotonic()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.syncs.append({"kind": "sync", "thread": threading.current_thread().name, "start": start,
+                                       "end": time.monotonic(), "detail": {}})
+
+        ix.mirror.sync = sync
+        self._undo.append(lambda: delattr(ix.mirror, "sync"))
         handler = _Collect(self.logs)
         logger = logging.getLogger("gmmlsh")
         level = logger.level
@@ -47,52 +92,18 @@ class InProcessWatch:
         logger.setLevel(logging.INFO)
         self._undo.append(lambda: (logger.removeHandler(handler), logger.setLevel(level)))
 
-    def _wrap(self, owner, name: str, kind: str, detail: Callable, instance: bool = False) -> None:
-        inner = getattr(owner, name)
-
-        def wrapped(*args, **kwargs):
-            start = time.monotonic()
-            event = {"kind": kind, "thread": threading.current_thread().name, "start": start}
-            try:
-                out = inner(*args, **kwargs)
-                event["detail"] = detail(out)
-                return out
-            except BaseException as exc:
-                event["detail"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-                raise
-            finally:
-                event["end"] = time.monotonic()
-                with self._lock:
-                    self.events.append(event)
-
-        setattr(owner, name, wrapped)
-        self._undo.append((lambda: delattr(owner, name)) if instance else (lambda: setattr(owner, name, inner)))
+    @property
+    def events(self) -> list[dict]:
+        with self._lock:
+            return sorted(self.upkeep.events() + list(self.syncs), key=lambda e: e["start"])
 
     def running(self) -> list[str]:
-        """Upkeep under way now (kinds of calls started and not ended): unknowable from the
-        recorded events alone, so read the index's own lock."""
-        return ["maintain"] if self.ix._maintaining.locked() else []
+        return self.upkeep.running()
 
     def close(self) -> None:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
-
-
-def _maintain_detail(done: dict) -> dict:
-    out = {}
-    if "generation" in done:
-        out["generation"] = done["generation"]
-    if "tuned" in done:
-        out["tuned"] = done["tuned"].get("chosen")
-    return out or {"nothing": "not due, or another holder had the upkeep lock"}
-
-
-def _tune_detail(out) -> dict:
-    params, report = out
-    return {"chosen": report.get("chosen"), "sample": report.get("sample"),
-            "bound": report.get("sample_recall_bound"), "search_ms": report.get("search_ms"),
-            "exact_ms": report.get("exact_ms"), "params": params.to_dict()}
 
 
 class _Collect(logging.Handler):
@@ -105,12 +116,14 @@ class _Collect(logging.Handler):
 
 
 class HttpWatch:
-    """Polls a server's ``/stats`` and keeps its log lines, each with the moment seen."""
+    """Polls a server's ``/stats`` and keeps its log lines, each with the moment seen; reads the
+    upkeep the server's workers recorded in the mirror directory they share."""
 
-    def __init__(self, url: str, log: IO[str] | None, interval: float = 1.0):
+    def __init__(self, url: str, log: IO[str] | None, mirror_dir: str | Path, interval: float = 1.0):
         import httpx
 
         self.client = httpx.Client(base_url=url, timeout=30)
+        self.upkeep = UpkeepLog(mirror_dir)
         self.interval = interval
         #: (moment, seconds the request took, the stats or None, error or None)
         self.polls: list[tuple[float, float, dict | None, str | None]] = []
@@ -138,26 +151,7 @@ class HttpWatch:
             self.logs.append((time.monotonic(), line.rstrip()))
 
     def events(self) -> list[dict]:
-        """Upkeep seen from outside: each change of the lists or of the tuning between two polls
-        (it ended in that interval: ``start`` is the poll before, ``end`` the poll that saw it)."""
-        out, last, last_t = [], None, None
-        for t, _took, stats, _err in self.polls:
-            if stats is None:
-                continue
-            m, s = stats["mirror"], stats["search"]
-            now = {"lists": (m["lists"], m["listed_rows"]),
-                   "tune": (s.get("tuned_at_rows"), s.get("tuned_on"),
-                            tuple(sorted((k, str(v)) for k, v in s.items() if k != "overrides")))}
-            if last is not None:
-                for kind in ("lists", "tune"):
-                    if now[kind] != last[kind]:
-                        detail = ({"lists": m["lists"], "listed_rows": m["listed_rows"]} if kind == "lists" else
-                                  {"tuned_at_rows": s.get("tuned_at_rows"), "tuned_on": s.get("tuned_on"),
-                                   "exact": s.get("exact"), "rare": s.get("rare"), "probes": s.get("probes")})
-                        out.append({"kind": kind, "thread": "server", "start": last_t, "end": t, "detail": detail,
-                                    "seen_between_polls": True})
-            last, last_t = now, t
-        return out
+        return self.upkeep.events()
 
     def close(self) -> None:
         self._stop.set()

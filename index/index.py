@@ -38,6 +38,7 @@ from gmmlsh.index.search import (
     run,
     sparse_query,
 )
+from gmmlsh.index.served import QuerySample, SharedSample
 from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
 from gmmlsh.index.upkeep import Upkeep
 
@@ -107,8 +108,12 @@ class Index:
         self._auto = maintain
         self._tune_tried = False
         self.last_tuning: dict | None = None
-        #: The queries this index served, sampled: the tuner re-tunes on them (index/tuner.py).
-        self.served = tuner.QuerySample()
+        #: The queries this process served since it last merged them into the index's shared sample,
+        #: which the tuner re-tunes on (:mod:`gmmlsh.index.served`).
+        self.served = QuerySample()
+        self.shared = SharedSample(self.mirror.dir, config.dim)
+        #: How to open this index again (a worker process running its upkeep does).
+        self.open_args: dict = {}
         #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
         self.columns = MetaColumns()
         self._names = NameOrder()
@@ -149,7 +154,10 @@ class Index:
                 diffs = config.conflicts(found)
                 if diffs:
                     raise ConfigConflict("index has other parameters: " + "; ".join(diffs))
-            return cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir), search=search, maintain=maintain)
+            index = cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir), search=search, maintain=maintain)
+            index.open_args = {"location": loc, "prefix": prefix, "cache_dir": cache_dir and str(cache_dir),
+                               "search": search, **store_options}
+            return index
         except BaseException:
             store.close()
             raise
@@ -306,7 +314,16 @@ class Index:
                 out = answer_on(self.mirror.sync(self.store))
         if self._auto:
             self.upkeep.poke(view)
+        if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES):
+            self.flush_served()
         return out
+
+    def flush_served(self) -> None:
+        """Merge the queries this process served into the index's shared sample."""
+        try:
+            self.shared.add(self.served, self.mirror.locked)
+        except OSError as exc:  # a full disk: the sample waits, the queries go on
+            log.warning("served queries not saved: %s", exc)
 
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
         """The search parameters and the search that answers: for ``auto``, the tuner may have
@@ -414,7 +431,15 @@ class Index:
         return self.store.write_problem()
 
     def close(self) -> None:
-        self.store.close()
+        """Close the store; what this process wrote to the search mirror is put on disk first."""
+        try:
+            self.flush_served()
+            if self.mirror.written:
+                self.mirror.checkpoint()
+        except OSError as exc:  # a full disk: the mirror is derived data, rebuilt if a restart needs it
+            log.warning("mirror checkpoint at close failed: %s", exc)
+        finally:
+            self.store.close()
 
     def __enter__(self) -> Index:
         return self

@@ -190,11 +190,6 @@ class ArenaWriter:
         """Writable values ``[offset, offset + count)`` of an arena (room made, a mapping)."""
         return self.columns[name].reserve(offset + count)[offset:offset + count]
 
-    def flush(self) -> None:
-        """On disk (what was stored through the mappings too), before a state naming it is published."""
-        for col in self.columns.values():
-            col.fsync()
-
 
 def local_allocator(ends: dict[str, int]) -> Callable[[dict], dict]:
     """An allocator at the ends ``ends`` (updated in place): for a fit no other process writes."""

@@ -20,16 +20,14 @@ explored; only the few fastest finalists are checked, scored, on the whole sampl
 lists, longer shortlists, more candidates) until it does; exact search answers instead only
 where it costs at most :data:`EXACT_MARGIN` times the widest sketch search, or is cheaper.
 
-The sample queries are the ones the index has served (:class:`QuerySample`, a reservoir)
-once there are enough; until then, stored vectors, each leaving itself out, with a margin
+The sample queries are the ones the index has served (:mod:`gmmlsh.index.served`, a uniform
+sample kept with the index) once there are enough; until then, stored vectors, each leaving itself out, with a margin
 on the target: where the data hold near-copies (augmented images, resampled documents) a
 stored vector's neighbours are its own copies, an easier query than a new one.
 """
 
 from __future__ import annotations
 
-import random
-import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -38,11 +36,12 @@ import numpy as np
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
-from gmmlsh.index.records import SparseRow, as_stored, codes_of
+from gmmlsh.index.records import as_stored, codes_of
 from gmmlsh.index.search import (
     Prepared,
     prepare_row,
     prepare_vectors,
+    restricted,
     run_exact,
     run_exact_many,
     run_postings,
@@ -58,12 +57,12 @@ STORED_MARGIN = 0.02
 #: Standard errors below the sample's mean recall that must still reach the target (one-sided 95 %).
 CONFIDENCE_Z = 1.645
 NEIGHBORS = 10
-#: Sample queries drawn from the stored vectors; the served queries that replace them as the
-#: sample once the index has served that many, and the most served queries kept (a uniform
-#: sample of all served); the smallest index worth tuning.
+#: Sample queries drawn from the stored vectors; the served queries (:mod:`gmmlsh.index.served`)
+#: that replace them as the sample once the index has served that many, and the most a tuning
+#: takes (its truth, an exact search per query, is most of its cost); the smallest index worth tuning.
 QUERIES = 64
 MIN_QUERIES = 128
-MAX_QUERIES = 2 * MIN_QUERIES
+MAX_QUERIES = 128
 MIN_ROWS = 256
 #: Sample queries settings are explored on (unscored); trials at most.
 EXPLORE_QUERIES = 64
@@ -94,40 +93,6 @@ def recall(found: np.ndarray, true_rows: np.ndarray | None) -> float:
     outranks every other found row, so only which rows were scored counts, not their scores."""
     hits = found.shape[0] if true_rows is None else int(np.isin(true_rows, found).sum())
     return min(NEIGHBORS, hits) / NEIGHBORS
-
-
-class QuerySample:
-    """A uniform sample (reservoir) of the queries an index has served, for the tuner.
-
-    Holds up to ``size`` query rows at stored precision (dense or 1-row CSR); thread-safe.
-    """
-
-    def __init__(self, size: int = MAX_QUERIES, seed: int = 0):
-        self.size = size
-        self.seen = 0
-        self.rows: list = []
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-
-    def add(self, X32, own: bool = False) -> None:
-        """Offer each row of a validated query batch to the sample; ``own``: the batch is one row
-        nobody else holds (a query's own copy), kept as it is rather than copied."""
-        with self._lock:
-            for i in range(X32.shape[0]):
-                self.seen += 1
-                at = len(self.rows) if len(self.rows) < self.size else self._rng.randrange(self.seen)
-                if at < self.size:
-                    row = X32 if own and X32.shape[0] == 1 else X32[i:i + 1].copy()
-                    if at == len(self.rows):
-                        self.rows.append(row)
-                    else:
-                        self.rows[at] = row
-
-    def take(self, n: int) -> list:
-        """Up to ``n`` sampled rows, each a 1-row batch (dense or CSR)."""
-        with self._lock:
-            rows = list(self.rows[:n])
-        return [r.csr() if isinstance(r, SparseRow) else r for r in rows]
 
 
 def sample_queries(queries, dim: int) -> list:
@@ -359,7 +324,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
          seed: int = 0, served: list | None = None) -> tuple[SearchParams, dict]:
     """The cheapest search reaching ``target`` on sample queries, and a report of the trial.
 
-    ``served``: query rows the index has served (see :class:`QuerySample`); without
+    ``served``: query rows the index has served (:mod:`gmmlsh.index.served`); without
     them, stored vectors are the sample (and the target is raised by :data:`STORED_MARGIN`).
     ``queries``: the sample's size (default: :data:`QUERIES` stored vectors, or every
     served query given). ``target``: recall@10 the sample's lower confidence bound must
@@ -367,6 +332,10 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     cost and how long the tuning took.
     """
     t0 = time.perf_counter()
+    # The live flags as they are now, held still: rows retired while the tuning runs (a writer
+    # replacing 1,000 rows a second) would otherwise be in the truth and out of every trial's reach.
+    alive = np.array(view.alive[:view.rows])
+    view = restricted(view, alive, int(np.count_nonzero(alive)))
     qs, source = _sample(view, config, queries or (len(served) if served else QUERIES), seed, served)
     if target is None:
         target = TARGET_RECALL + (0.0 if served else STORED_MARGIN)

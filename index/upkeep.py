@@ -5,8 +5,8 @@ of the arenas, a new fit in its own directory, a tuning in memory) and publishes
 short state update (:meth:`gmmlsh.index.mirror.Mirror.publish`); what it read stays valid
 meanwhile, since segments never change and rows are only appended.
 
-Tasks run in two *lanes*, each a thread holding a lock of the mirror's directory (so one
-process of the machine runs each lane at a time; the others pick up what it publishes):
+Tasks run in two *lanes*, each holding a lock of the mirror's directory (so one process of the
+machine runs each lane at a time; the others pick up what it publishes):
 
 * the **fast** lane keeps the tail short: it makes the tail a segment once it holds
   :func:`~gmmlsh.index.segments.tail_limit` rows, and merges or rebuilds small segments —
@@ -16,12 +16,17 @@ process of the machine runs each lane at a time; the others pick up what it publ
   fast lane keeps absorbing under the old one (it catches up before it publishes), merges or
   rebuilds big segments, and tunes the search.
 
-Background lanes run at a lower CPU priority than queries (``nice``, per thread on Linux) and
-on one core (serial kernels), so that upkeep takes what the queries leave. Each task is
-recorded as an event (kind, lane, start, seconds, what it did): ``Index.stats()`` shows the
-recent ones, a benchmark reads them all. The record is the machine's, not the process's: a
-task under way is named in ``upkeep-<lane>.json`` of the mirror's directory, and every task done is
-a line of its ``upkeep.log``, so every worker of a server reports the same upkeep.
+In the background, upkeep runs in a **process of its own** (:func:`main`, started by the first
+process of the machine that finds upkeep due and no worker running it; it stops once idle), at
+a lower CPU priority (``nice``): the serving processes' cores and their interpreter lock are
+the queries'. Threads beside the queries held that lock for their Python parts and made a
+query wait for it (95 ms at the median when a sync met an absorb). :meth:`Upkeep.run_now`
+does what is due in the calling thread instead (a bulk load's end, a test).
+
+Each task is recorded (kind, lane, process, start, seconds, what it did) for the machine, not
+the process: a task under way is named in ``upkeep-<lane>.json`` of the mirror's directory and
+every task done is a line of its ``upkeep.log``, so every worker of a server reports the same
+upkeep (``Index.stats()``), and a benchmark reads them all.
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-
-import numba
 
 from gmmlsh.index import segments, tuner
 from gmmlsh.index.mirror import Stale, View
@@ -48,6 +53,15 @@ FAST_ROWS = 1 << 16
 NICE = 10
 #: Seconds a lane waits before it runs again after a task failed.
 RETRY_SECONDS = 30.0
+#: Seconds a worker process waits for more work before it stops, and between its looks for work.
+IDLE_SECONDS = 20.0
+POLL_SECONDS = 0.1
+#: Seconds between a serving process's looks for whether a worker should be started.
+SPAWN_CHECK_SECONDS = 0.5
+#: The environment variable a worker process finds its index's opening arguments in (JSON).
+WORKER_ENV = "GMMLSH_UPKEEP_INDEX"
+#: Seconds between checkpoints of the mirror (:meth:`~gmmlsh.index.mirror.Mirror.checkpoint`).
+CHECKPOINT_SECONDS = 30.0
 #: Events kept in memory; lines the log keeps (it is cut to half when it holds twice as many).
 EVENTS = 1024
 LOG_LINES = 4096
@@ -61,10 +75,11 @@ class Upkeep:
         self.mirror = index.mirror
         self.config = index.config
         self.events: deque[dict] = deque(maxlen=EVENTS)
-        self._threads: dict[str, threading.Thread] = {}
-        self._failed: dict[str, float] = {}
+        self._worker: subprocess.Popen | None = None
+        self._next_check = 0.0
         self._guard = threading.Lock()
         self._planned: tuple[View | None, dict[str, bool]] = (None, {})
+        self._served: tuple[float, int] = (0.0, 0)
 
     # --- what is due ------------------------------------------------------------------------
     def due(self, view: View) -> dict[str, bool]:
@@ -107,39 +122,65 @@ class Upkeep:
         if view.rows < tuner.MIN_ROWS or view.live < tuner.MIN_ROWS:
             return False
         return view.rows >= 2 * max(view.tuned_rows, 1) or (
-            not view.tuned_on_queries and len(self.index.served.rows) >= tuner.MIN_QUERIES)
+            not view.tuned_on_queries and self._served_count() >= tuner.MIN_QUERIES)
+
+    def _served_count(self) -> int:
+        """Queries in the index's shared sample (read at most once a second)."""
+        at, count = self._served
+        if time.monotonic() - at > 1.0:
+            count = self.index.shared.count()
+            self._served = (time.monotonic(), count)
+        return count
 
     # --- running ---------------------------------------------------------------------------
     def poke(self, view: View) -> None:
-        """Start the lanes that have work and are not running (in this process)."""
+        """Start a worker process if upkeep is due and none runs on this machine (a look at most
+        every :data:`SPAWN_CHECK_SECONDS`: a few comparisons, and two lock probes when due)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + SPAWN_CHECK_SECONDS
         due = self.due(view)
-        for lane, wanted in due.items():
-            if not wanted:
-                continue
-            with self._guard:
-                thread = self._threads.get(lane)
-                if thread is not None and thread.is_alive():
-                    continue
-                if time.monotonic() < self._failed.get(lane, 0.0):
-                    continue
-                thread = threading.Thread(target=self._background, args=(lane,), name=f"gmmlsh-upkeep-{lane}",
-                                          daemon=True)
-                self._threads[lane] = thread
-                thread.start()
+        if not (due["fast"] or due["slow"]):
+            return
+        with self._guard:
+            if self._worker is not None and self._worker.poll() is None:
+                return  # ours runs
+            if any(self._held(lane) for lane in ("fast", "slow")):
+                return  # another process's runs
+            env = {**os.environ, WORKER_ENV: json.dumps(self.index.open_args, default=str)}
+            self._worker = subprocess.Popen([sys.executable, "-m", "gmmlsh.index.upkeep"], env=env,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
 
-    def _background(self, lane: str) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)  # this thread only (Linux)
-        except OSError:
-            pass
-        numba.set_num_threads(1)  # this thread's kernels: serial, no lock shared with queries
-        try:
-            with self.mirror.locked(lane, blocking=False) as mine:
-                if mine:
-                    self._run(lane)
-        except Exception:  # the index keeps answering with what it has; say why upkeep failed
-            log.exception("index upkeep (%s lane) failed", lane)
-            self._failed[lane] = time.monotonic() + RETRY_SECONDS
+    def _held(self, lane: str) -> bool:
+        with self.mirror.locked(lane, blocking=False) as mine:
+            return not mine
+
+    def work(self, idle: float = IDLE_SECONDS) -> None:
+        """Run both lanes until neither has had work for ``idle`` seconds: a worker process's life."""
+        stop = threading.Event()
+        lanes = [threading.Thread(target=self._lane, args=(lane, idle, stop), name=f"gmmlsh-upkeep-{lane}")
+                 for lane in ("fast", "slow")]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join()
+
+    def _lane(self, lane: str, idle: float, stop: threading.Event) -> None:
+        with self.mirror.locked(lane, blocking=False) as mine:
+            if not mine:
+                return
+            last = time.monotonic()
+            while not stop.is_set() and self.mirror.dir.exists():
+                try:
+                    if self._run(lane):
+                        last = time.monotonic()
+                except Exception:  # the index keeps answering with what it has; say why upkeep failed
+                    log.exception("index upkeep (%s lane) failed", lane)
+                    stop.wait(RETRY_SECONDS)
+                if time.monotonic() - last > idle:
+                    return
+                stop.wait(POLL_SECONDS)
 
     def _run(self, lane: str, queries: list | None = None, done: dict | None = None) -> dict:
         """Run the lane's tasks until none is due (its lock held)."""
@@ -174,6 +215,8 @@ class Upkeep:
             done.setdefault(kind, []).append(what)
             if kind == "tune":
                 queries = None
+            if time.monotonic() - self.mirror.checkpointed > CHECKPOINT_SECONDS:
+                self.mirror.checkpoint()
 
     def _record(self, event: dict) -> None:
         """Append a finished task to the machine's upkeep log (cut to its last half when long)."""
@@ -203,12 +246,14 @@ class Upkeep:
         """Everything due, now, in the calling thread (both lanes' locks, waiting for them; all of
         numba's threads): a bulk load's end, a test. ``queries``: tune on these now."""
         done: dict = {}
+        self.index.flush_served()
         with self.mirror.locked("fast"):
             self._run("fast", done=done)
         with self.mirror.locked("slow"):
             self._run("slow", queries=queries, done=done)
         with self.mirror.locked("fast"):  # what arrived meanwhile
             self._run("fast", done=done)
+        self.mirror.checkpoint()
         return done
 
     # --- the tasks ----------------------------------------------------------------------------
@@ -241,7 +286,6 @@ class Upkeep:
         fit, lo, hi = view.fit, view.tail_start, view.rows
         writer = self._writer(fit)
         record = segments.build_segment(writer, view, lo, hi)
-        writer.flush()
 
         def append(state: dict) -> None:
             lists = state.get("lists")
@@ -264,7 +308,6 @@ class Upkeep:
         live, labels = segments.merged_labels(view, arrays, group, fit.lists)
         writer = self._writer(fit)
         record = segments.build_segment(writer, view, group[0]["lo"], group[-1]["hi"], live, labels)
-        writer.flush()
 
         def replace(state: dict) -> None:
             lists = state.get("lists")
@@ -299,11 +342,11 @@ class Upkeep:
                 break
             records.append(segments.build_segment(writer, now, covered, now.tail_start))
             covered = now.tail_start
-        writer.flush()
 
         def switch(state: dict) -> None:
             lists = state.get("lists")
-            if (lists["fit"] if lists else None) != (old.name if old else None):
+            named = lists["fit"] if lists else None
+            if named != (old.name if old else None) and (self.mirror.dir / named).exists():
                 raise Stale("another fit was published")
             state["lists"] = {"fit": fit.name, "segments": records, "ends": ends, "garbage": 0}
 
@@ -312,13 +355,14 @@ class Upkeep:
         except Stale:
             segments.remove_fit(self.mirror.dir / fit.name)
             raise
+        self.mirror.checkpoint()  # a restart of the machine finds this fit, not the one just removed
         segments.sweep(self.mirror.dir, {fit.name})
         return {"fit": fit.number, "lists": fit.lists, "refit": refit, "rows": covered,
                 "segments": len(records)}
 
     def _tune(self, view: View, queries: list | None) -> dict:
-        served = queries or (self.index.served.take(tuner.MAX_QUERIES)
-                             if len(self.index.served.rows) >= tuner.MIN_QUERIES else None)
+        served = queries or (self.index.shared.rows(tuner.MAX_QUERIES)
+                             if self._served_count() >= tuner.MIN_QUERIES else None)
         params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
 
         def record(state: dict) -> None:
@@ -354,3 +398,26 @@ def _alive(pid: int) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+
+def main() -> None:
+    """A worker process: open the index named in :data:`WORKER_ENV` and run its upkeep until idle."""
+    from gmmlsh.index.index import Index
+
+    logging.basicConfig(level=os.environ.get("GMMLSH_LOG_LEVEL", "warning").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s [upkeep %(process)d] %(message)s")
+    os.nice(NICE)
+    args = json.loads(os.environ[WORKER_ENV])
+    location = args.pop("location")
+    try:
+        index = Index.open(location, None, create=False, maintain=False, **args)
+    except (FileNotFoundError, OSError) as exc:  # the index went away (a test's temporary directory)
+        log.info("upkeep worker: cannot open %s: %s", location, exc)
+        return
+    with index:
+        index.upkeep.work()
+
+
+if __name__ == "__main__":
+    main()

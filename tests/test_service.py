@@ -539,7 +539,7 @@ def test_health_stats_metrics(server, loaded, backend):
     assert "gmmlsh_store_up 1.0" in text
     assert 'gmmlsh_http_requests_total{method="GET",route="/neighbors",status="200"}' in text
     assert 'route="/vectors/v' not in text  # route templates, never ids, as labels
-    assert 'gmmlsh_query_candidates_count{mode="lsh"}' in text
+    assert 'gmmlsh_query_candidates_count{mode="sketch"}' in text
     assert "gmmlsh_http_request_duration_seconds_bucket" in text
 
 
