@@ -28,10 +28,13 @@ import anyio.to_thread
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import Receive, Scope, Send
 
 from gmmlsh.index.index import Index
 from gmmlsh.service.collections import CollectionManager
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
+from gmmlsh.service.hot import HotPath
+from gmmlsh.service.lane import QueryLane
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
 from gmmlsh.service.opening import IndexOpenError, open_index
@@ -64,7 +67,22 @@ def _warm(index: Index) -> None:
     log.info("search mirror up to date and mapped: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class App(FastAPI):
+    """FastAPI, with the hot routes answered before its stack (:mod:`gmmlsh.service.hot`)."""
+
+    hot: HotPath
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            matched = self.hot.match(scope)
+            if matched is not None:
+                scope["app"] = self
+                await self.hot.serve(*matched, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> App:
     """Build the app. ``settings=None`` reads them from the environment (``GMMLSH_*``)."""
     settings = settings or Settings()
     metrics = Metrics()
@@ -89,6 +107,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("writes will be refused: %s", settings.scrub(problem))
         threading.Thread(target=_warm, args=(index,), name="gmmlsh-warm", daemon=True).start()
         app.state.collections = await run_in_threadpool(CollectionManager, settings, index)
+        app.state.lane = QueryLane()
+        app.state.lane.start()
         app.state.index = index
         metrics.bind_index(index.count)
         # Everything made so far lives as long as the worker: out of the garbage collector's
@@ -101,10 +121,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             metrics.bind_index(None)
             app.state.index = None
+            await run_in_threadpool(app.state.lane.stop)
             await run_in_threadpool(app.state.collections.close)
             await run_in_threadpool(index.close)
 
-    app = FastAPI(
+    app = App(
         title="gmmlsh",
         version=_version(),
         description=DESCRIPTION,
@@ -133,6 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     _add_body_schemas(app)
+    app.hot = HotPath(app)
     return app
 
 

@@ -1,11 +1,11 @@
-"""Operations: ``/health`` (open to all), ``/stats`` and ``/metrics``."""
+"""Operations: ``/ping`` and ``/health`` (open to all), ``/stats`` and ``/metrics``."""
 
 from __future__ import annotations
 
 import os
 
 import anyio
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -20,6 +20,17 @@ HEALTH_TIMEOUT = 5.0
 
 public = APIRouter(tags=["ops"])
 router = APIRouter(tags=["ops"])
+
+
+_PONG = b'{"status":"ok"}'
+
+
+@public.get("/ping", summary="The server answers (nothing else is checked; no API key needed)",
+            response_model=dict[str, str], responses=responses(500))
+async def ping(request: Request) -> Response:
+    """A constant answer: a liveness probe that touches nothing, and the floor of a request's cost
+    (bench/bench_http.py). ``/health`` also asks the store."""
+    return Response(_PONG, media_type="application/json")
 
 
 @public.get("/health", response_model=HealthResponse, summary="Liveness and store reachability (no API key needed)",
