@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from gmmlsh.core.validate import NonFiniteError, VectorError, ZeroVectorError
+from gmmlsh.core.validate import DimensionError, NonFiniteError, VectorError, ZeroVectorError
 from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.search import QueryResult
@@ -203,8 +203,8 @@ def binary_queries(body: bytes, dim: int, max_batch: int) -> np.ndarray:
     """A binary body as an (n, dim) float32 array (native order, writable: the kernels' type)."""
     row = 4 * dim
     if not body or len(body) % row:
-        raise ApiError(422, f"a binary body is n × {dim} little-endian float32 values (n × {row} bytes); "
-                       f"got {len(body)} bytes", field="body")
+        raise DimensionError("body", f"a binary body is n × {dim} little-endian float32 values (n × {row} "
+                             f"bytes); got {len(body)} bytes")
     n = len(body) // row
     if n > max_batch:
         raise ApiError(413, f"{n} queries in one request; the limit is {max_batch} (max_batch)", field="body")
