@@ -17,6 +17,7 @@ short vector would fix it for good). Search parameters (``candidates``, ``probes
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, get_type_hints
 
 from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
@@ -177,6 +178,12 @@ class Settings(_creation_settings()):
     @property
     def backend(self) -> str:
         return "redis" if self.redis_url else "lmdb"
+
+    @property
+    def batch_threads(self) -> int:
+        """numba threads for one request's batch of queries: the machine's cores shared among
+        the workers (more only makes the workers' parallel kernels wait on each other)."""
+        return max(1, (os.cpu_count() or 1) // self.workers)
 
     @property
     def max_readers(self) -> int:
