@@ -78,9 +78,21 @@ class Metrics:
         self.deleted = Counter(
             "gmmlsh_vectors_deleted", "vectors deleted through the API", registry=self.registry,
         )
+        self._children: dict[tuple[str, str, int], tuple] = {}
         self._count: Callable[[], int] | None = None
         if not self.multiprocess:
             self.registry.register(_IndexCollector(self._live_count))
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """Count one answered request and its time, by route template (the labelled children
+        are made once per method, route and status: ``labels()`` costs more than the update)."""
+        key = (method, route, status)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self.requests.labels(method, route, str(status)),
+                                              self.latency.labels(method, route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def bind_index(self, count: Callable[[], int] | None) -> None:
         self._count = count
@@ -129,6 +141,4 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             path = getattr(route, "path_format", None) or getattr(route, "path", None) or "<unmatched>"
-            method = scope.get("method", "")
-            self.metrics.requests.labels(method, path, str(status)).inc()
-            self.metrics.latency.labels(method, path).observe(time.perf_counter() - start)
+            self.metrics.observe_request(scope.get("method", ""), path, status, time.perf_counter() - start)

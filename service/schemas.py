@@ -145,6 +145,22 @@ class QueryParams(_Strict):
     filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
 
 
+class UrlParams(QueryParams):
+    """The knobs as query-string parameters: text, converted (``k=10``); ``filter`` is JSON text;
+    unknown parameters are ignored (a cache-buster must not fail a request)."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+    filter: str | None = Field(None, description="a metadata filter as JSON (see POST /neighbors/search)")
+
+
+class NeighborsParams(UrlParams):
+    """``GET /neighbors``: exactly one of ``id`` or ``vector``, and the knobs."""
+
+    id: Id | None = Field(None, description="id of a stored vector (left out of its own neighbours)")
+    vector: str | None = Field(None, description="dense query, comma-separated numbers: 0.1,0,-2.5,...")
+
+
 class SearchQuery(QueryParams):
     """Exactly one of: ``id`` (a stored vector), ``values`` (dense), ``indices`` + ``values`` (sparse)."""
 
