@@ -30,7 +30,7 @@ def job(index: Index, target: Target, knobs: Knobs) -> Job:
 
 def test_jobs_batched_by_options_answer_as_alone(index, fmnist, monkeypatch):
     Q = fmnist[2][:6].astype(np.float64)
-    five, exact = Knobs(5, "lsh", 0.0, None, None), Knobs(3, "exact", 0.0, None, None)
+    five, exact = Knobs(5, "auto", 0.0, None, None), Knobs(3, "exact", 0.0, None, None)
     targets = [(Target(vector=Q[0]), five), (Target(id="7"), five), (Target(vector=Q[1]), five),
                (Target(vector=Q[2]), exact), (Target(vector=Q[3]), five), (Target(vector=Q[4]), exact),
                (Target(vector=np.zeros(784)), five), (Target(id="no-such-id"), five)]
