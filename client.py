@@ -10,7 +10,8 @@
 It speaks HTTP only (httpx): it imports neither the server nor numba, so it loads in a
 fraction of a second and runs wherever numpy and scipy do. Vectors go out in the API's one
 shape — dense ``values``, or sparse ``indices`` + ``values`` (a scipy row is sent as its
-nonzeros, never densified) — and answers come back as small frozen dataclasses whose fields
+nonzeros, never densified); dense *queries* go as the API's binary body (raw little-endian
+float32, the fastest path) — and answers come back as small frozen dataclasses whose fields
 are exactly the server's. Every refusal of the server is raised as :class:`ApiError` carrying
 the API's ``status``, ``code``, ``field`` and ``message``; a request that gets no HTTP answer
 at all (connection refused, DNS, timeout) raises :class:`NoResponseError`.
@@ -23,6 +24,7 @@ never loads the index and its kernels.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -48,6 +50,10 @@ RowsLike: TypeAlias = Any
 DEFAULT_TIMEOUT = 60.0
 _API_KEY_HEADER = "X-API-Key"
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+#: Dense queries go out in the API's binary body: raw little-endian float32 rows, no JSON numbers
+#: to write or parse (bench/RESULTS.md, "HTTP").
+_BINARY = "application/octet-stream"
+_BODY_FIELD = re.compile(r"^body(?:\[(\d+)\])?$")
 # The server's codes for statuses it answers itself; used when an answer is not in its error shape.
 _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
           408: "timeout", 409: "conflict", 413: "too_large", 415: "unsupported_media_type", 422: "invalid_request",
@@ -125,8 +131,9 @@ class Neighbor:
 
 @dataclass(frozen=True)
 class QueryResult:
-    """An answer: the ``mode`` that produced it (``lsh``, ``exact`` or ``nrff``), the ``k`` asked
-    for, how many vectors it scored exactly (``candidates``) and the neighbours, best first."""
+    """An answer: the search that produced it (``mode``: ``sketch``, ``postings``, ``exact`` or
+    ``nrff``), the ``k`` asked for, how many vectors it scored exactly (``candidates``) and the
+    neighbours, best first."""
 
     mode: str
     k: int
@@ -313,8 +320,9 @@ class Client:
         """Nearest neighbours of a vector, or of a stored ``id`` (which is left out of its own answer).
 
         Give exactly one of ``vector`` (sent to ``POST /neighbors/search``) or ``id`` (``GET
-        /neighbors?id=``). ``k`` (default: the server's ``default_k``), ``mode`` (``lsh``, the
-        default; ``exact``; ``nrff``), ``min_similarity``, ``candidates`` (rerank budget) and
+        /neighbors?id=``). ``k`` (default: the server's ``default_k``), ``mode`` (``auto``, the
+        default: the search the index tuned; ``sketch``, ``postings``, ``exact``, ``nrff``),
+        ``min_similarity``, ``candidates`` (rerank budget) and
         ``probes`` (lists scanned) are the API's query parameters; None leaves the server's default.
         ``filter``: only neighbours whose metadata pass it (the API's filter, Qdrant's shape).
         """
@@ -327,8 +335,11 @@ class Client:
             if filter is not None:
                 return _result(self._call("POST", self._at + "/neighbors/search", body={"id": id, **knobs}))
             return _result(self._call("GET", self._at + "/neighbors", params={"id": str(id), **knobs}))
-        body = {**_finite(_vector_body(vector), "values"), **knobs}
-        return _result(self._call("POST", self._at + "/neighbors/search", body=body))
+        body = _finite(_vector_body(vector), "values")
+        raw = _binary(body["values"][None, :]) if "indices" not in body else None
+        if raw is not None:
+            return self._binary_search(raw, knobs, batch=False)[0]
+        return _result(self._call("POST", self._at + "/neighbors/search", body={**body, **knobs}))
 
     def query_batch(self, vectors: RowsLike | None = None, *, ids: Sequence[Id] | None = None,
                     k: int | None = None, mode: str | None = None, min_similarity: float | None = None,
@@ -346,8 +357,27 @@ class Client:
                 raise TypeError("ids is a list of strings or integers")
             queries = [{"id": i} for i in ids]
         else:
+            raw = _binary(vectors) if isinstance(vectors, np.ndarray) and vectors.ndim == 2 else None
+            if raw is not None:
+                return self._binary_search(raw, knobs, batch=True)
             queries = [_finite(q, f"queries[{n}].values") for n, q in enumerate(_rows(vectors))]
         out = self._call("POST", self._at + "/neighbors/search", body={"queries": queries, **knobs})
+        return [_result(r) for r in out["results"]]
+
+    def _binary_search(self, raw: bytes, knobs: dict[str, Any], batch: bool) -> list[QueryResult]:
+        """Dense rows as a binary body (the knobs in the query string); the server's names for
+        the rows of its body (``body[i]``) told as the JSON API's (``values``, ``queries[i].values``)."""
+        params = {name: orjson.dumps(v).decode() if name == "filter" else v for name, v in knobs.items()}
+        try:
+            out = self._call("POST", self._at + "/neighbors/search", params=params, content=raw,
+                             content_type=_BINARY)
+        except ApiError as exc:
+            m = _BODY_FIELD.match(exc.field or "")
+            if m is not None:
+                exc.field = "queries" if exc.status == 413 else \
+                    f"queries[{m.group(1) or 0}].values" if batch else "values"
+                exc.details = exc.details and tuple({**d, "field": exc.field} for d in exc.details)
+            raise
         return [_result(r) for r in out["results"]]
 
     # --- operations -------------------------------------------------------------------------
@@ -370,9 +400,11 @@ class Client:
 
     # --- transport --------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None) -> Any:
-        """One request; the answer's JSON, or :class:`ApiError` / :class:`NoResponseError`."""
-        content = headers = None
+    def _call(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
+              content: bytes | None = None, content_type: str | None = None) -> Any:
+        """One request (a JSON ``body``, or ``content`` of ``content_type``); the answer's JSON, or
+        :class:`ApiError` / :class:`NoResponseError`."""
+        headers = {"Content-Type": content_type} if content_type else None
         if body is not None:
             content = orjson.dumps(body, option=_JSON_OPTS)
             headers = {"Content-Type": "application/json"}
@@ -429,6 +461,20 @@ def _finite(vector: dict[str, Any], field: str) -> dict[str, Any]:
     if values.dtype.kind == "f" and not np.isfinite(values).all():
         raise ValueError(f"{field}: values must be finite (found NaN or infinity)")
     return vector
+
+
+def _binary(rows: Any) -> bytes | None:
+    """Dense rows as the API's binary body (little-endian float32), or None where that would not
+    say the same as JSON: a value float32 cannot hold (the server then names it, from the JSON),
+    or rows that are not numbers."""
+    a = np.asarray(rows)
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0 or a.dtype.kind not in "fiu":
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        a32 = a.astype("<f4")
+    if not np.isfinite(a32).all():
+        return None
+    return a32.tobytes()
 
 
 def _sparse_row(m: Any) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -28,11 +29,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
-    """A redis-server on a free loopback port, persistence off; returns (process, URL)."""
+def start_redis(workdir: Path, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """A redis-server on loopback (``port``, or a free one), persistence off; returns (process, URL)."""
     import redis
 
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen(
         [
             "redis-server",
@@ -85,16 +86,40 @@ def gmm_distance(x, y):
     return 1.0 - s / (nx + ny - s)
 
 
-def serve(index_dir: Path | str, workers: int = 1, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def store_args(location: Path | str, prefix: str | None = None, cache_dir: Path | str | None = None) -> list[str]:
+    """The command-line options naming an index: ``--index DIR``, or ``--redis URL --prefix P [--cache-dir D]``."""
+    if not str(location).startswith(("redis://", "rediss://", "unix://")):
+        return ["--index", str(location)]
+    return ["--redis", str(location), "--prefix", prefix or "gmmlsh",
+            *(["--cache-dir", str(cache_dir)] if cache_dir else [])]
+
+
+def build_index(src: Path | str, where: list[str], *extra: str) -> dict:
+    """``gmmlsh build SRC`` into ``where`` (see :func:`store_args`), timed as a command (process
+    start included); returns its JSON summary with ``command_seconds``."""
+    cmd = [sys.executable, "-m", "gmmlsh.service.cli", "build", str(src), *where, "--no-progress", "--json", *extra]
+    t = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    summary = json.loads(out.stdout)
+    summary["command_seconds"] = time.perf_counter() - t
+    return summary
+
+
+def serve(index_dir: Path | str, workers: int = 1, env: dict | None = None, *, prefix: str | None = None,
+          cache_dir: Path | str | None = None, log: int | None = None) -> tuple[subprocess.Popen, str]:
     """``gmmlsh serve`` on a free loopback port, once it answers /health and its workers have
-    mapped the mirror in; returns (process, base URL). ``env``: extra environment (e.g. GMMLSH_DIM)."""
+    mapped the mirror in; returns (process, base URL). ``index_dir``: an LMDB directory or a
+    Redis URL (with ``prefix``, ``cache_dir``); ``env``: extra environment (e.g. GMMLSH_DIM);
+    ``log``: where the server's standard error goes (e.g. ``subprocess.PIPE``; default: nowhere)."""
     import httpx
 
     port = free_port()
     env = {**os.environ, "GMMLSH_ACCESS_LOG": "false", "GMMLSH_LOG_LEVEL": "warning", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve", "--index", str(index_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "gmmlsh.service.cli", "serve",
+                             *store_args(index_dir, prefix, cache_dir),
                              "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if log is None else log,
+                            text=log is not None)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):
         try:

@@ -311,12 +311,62 @@ def _prepare(X, center, check: bool = True):
     return "dense", Xc
 
 
-def _direct_table(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Constants for just these (sorted, unique) coordinates."""
+#: Bytes of constants the direct path keeps per process for the coordinates it met first
+#: (where the full table does not fit: text). Zipfian data meet their common coordinates in every
+#: batch; computing their constants again per batch capped one thread at ~400 text rows a second.
+COORD_CACHE_BYTES = 128 << 20
+
+
+class _CoordCache:
+    """Constants of the first coordinates a process hashes, for the direct path: a table with a
+    slot per coordinate met, filled until :data:`COORD_CACHE_BYTES`, never evicted (the common
+    coordinates come first and stay common); the rest computed per batch. Bit-identical to
+    computing them all: constants are pure functions of (seed, coordinate, sample)."""
+
+    def __init__(self, dim2: int, k: int, seed: int):
+        self.k, self.seed = k, seed
+        self.slot = np.full(dim2, -1, dtype=np.int64)
+        per = _padded(k) * _BYTES_PER_CONSTANT
+        self.rows = np.empty((max(1, COORD_CACHE_BYTES // per), _padded(k) // _JB, 4, _JB), dtype=np.float32)
+        self.used = 0
+        self.lock = threading.Lock()
+
+    def table(self, coords: np.ndarray) -> np.ndarray:
+        """Constants of these (sorted, unique) coordinates, one row each."""
+        slots = self.slot[coords]
+        hit = slots >= 0
+        out = np.empty((coords.shape[0], *self.rows.shape[1:]), dtype=np.float32)
+        out[hit] = self.rows[slots[hit]]
+        if not hit.all():
+            miss = coords[~hit]
+            fresh = _compute_constants(miss, self.k, self.seed)
+            out[~hit] = fresh
+            with self.lock:
+                keep = np.flatnonzero(self.slot[miss] < 0)[:self.rows.shape[0] - self.used]
+                at = self.used + np.arange(keep.shape[0])
+                self.rows[at] = fresh[keep]  # the rows first, then the slots that name them
+                self.slot[miss[keep]] = at
+                self.used += keep.shape[0]
+        return out
+
+
+@functools.lru_cache(maxsize=4)
+def _coord_cache(dim2: int, k: int, seed: int) -> _CoordCache:
+    return _CoordCache(dim2, k, seed)
+
+
+def _compute_constants(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
     if parallel_pays(coords.shape[0] * k * 16):
         with PARALLEL_LOCK:
             return _fill_constants(coords, k, np.uint64(seed))
     return _fill_constants_serial(coords, k, np.uint64(seed))
+
+
+def _direct_table(coords: np.ndarray, dim2: int, k: int, seed: int) -> np.ndarray:
+    """Constants for just these (sorted, unique) coordinates of a ``dim2``-coordinate space."""
+    with _TABLES_LOCK:
+        cache = _coord_cache(dim2, k, int(seed))
+    return cache.table(coords)
 
 
 def _run(kernel_parallel, kernel_serial, work: int, n: int, *args) -> None:
@@ -365,7 +415,7 @@ def sketch(
         else:
             walk = NO_WALK
             used = _dense_coords(data)
-            table = _direct_table(used, k, seed)
+            table = _direct_table(used, 2 * dim, k, seed)
             rowmap = np.zeros(2 * dim, dtype=np.int64)
             rowmap[used] = np.arange(used.shape[0])
         _run(_sample_dense, _sample_dense_serial, data.size * k // 2, n, data, rowmap, table, *walk, k, out_i,
@@ -376,7 +426,7 @@ def sketch(
             table, rows = _full_tables(2 * dim, k, int(seed), False)[0], coords
         else:
             uniq, rows = np.unique(coords, return_inverse=True)
-            table, rows = _direct_table(uniq, k, seed), rows.astype(np.int64).reshape(-1)
+            table, rows = _direct_table(uniq, 2 * dim, k, seed), rows.astype(np.int64).reshape(-1)
         _run(_sample_split, _sample_split_serial, coords.shape[0] * k, n, indptr, rows, coords, logs, table, k,
              out_i, out_t, return_t)
     if one:

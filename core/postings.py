@@ -4,7 +4,7 @@ Bag-of-words text is where sketches struggle: a passage's 10th neighbour has GMM
 against ≈ 0.15 for a random pair, a gap inside the noise of a few hundred samples. But a
 text query touches only its own words, and min-max needs nothing else: for a non-negative
 query ``q`` and row ``v``, ``GMM = S / (‖q‖₁ + ‖v‖₁ − S)`` with ``S = Σ min(q_t, v_t)`` over
-the coordinates both hold. So the sparse rows of a generation are also kept as *postings*
+the coordinates both hold. So the sparse rows of each segment are also kept as *postings*
 (coordinate → rows and values), and
 
 * :func:`exact_postings` is exact search in proportion to the postings the query's
@@ -33,9 +33,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from gmmlsh.core.bundles import SEG_D_HI, SEG_D_LO, SEG_HBYTES, SEG_HI, SEG_HNIBBLES, SEG_LO, SEG_PSTARTS
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch, prefetch_flat
-from gmmlsh.core.search import row_gmm
+from gmmlsh.core.search import exact_range, exact_rows, row_gmm
 from gmmlsh.core.select import GROUP, choose
 
 #: A coordinate held by at least this share of the sparse rows gets a head column (half a byte
@@ -90,44 +91,47 @@ def postings_fill(voff, vi, vf, rows, starts, out_rows, out_vals):
 
 
 @njit(nogil=True, cache=True)
-def exact_postings(qbuf, qidx, qn, exclude, alive, norms, post_starts, post_rows, post_vals, acc, seen, out_rows,
-                   out_sims):
-    """Exact GMM of the query against every sparse row sharing a nonzero coordinate with it,
-    from postings (coordinate → rows and values): work in proportion to the postings of the
-    query's coordinates, not to the index. Returns how many rows were written to the
-    outputs; ``acc``/``seen`` (one slot per row, zero on entry) are zero again on exit."""
+def exact_postings(q, qidx, rows, post, acc, seen, out_rows, out_sims):
+    """Exact search of one query (``qidx``: its nonzero coordinates) over the whole mirror:
+    the segments' sparse rows sharing a coordinate with it through their postings (work in
+    proportion to the postings of the query's coordinates, not to the index), their dense
+    rows and the tail row by row. Rows sharing nothing with the query (similarity 0) are left
+    out. Returns how many rows were written to the outputs; ``acc``/``seen`` (one slot per
+    row, zero on entry) are zero again on exit."""
+    segs, pstarts, prows, pvals = post.segs, post.pstarts, post.prows, post.pvals
     m = 0
-    for t in qidx:
-        qv = qbuf[t]
-        for p in range(post_starts[t], post_starts[t + 1]):
-            r = post_rows[p]
-            if not seen[r]:
-                seen[r] = 1
-                out_rows[m] = r
-                m += 1
-            acc[r] += _same_sign_min(qv, np.float64(post_vals[p]))
+    for s in range(segs.shape[0]):
+        ps = segs[s, SEG_PSTARTS]
+        for t in qidx:
+            qv = q.dense[t]
+            for p in range(pstarts[ps + t], pstarts[ps + t + 1]):
+                r = prows[p]
+                if not seen[r]:
+                    seen[r] = 1
+                    out_rows[m] = r
+                    m += 1
+                acc[r] += _same_sign_min(qv, np.float64(pvals[p]))
     n = 0
     for i in range(m):
         r = out_rows[i]
-        s = acc[r]
+        total = acc[r]
         acc[r] = 0.0
         seen[r] = 0
-        if alive[r] and r != exclude:
+        if rows.alive[r] and r != q.exclude:
             out_rows[n] = r
-            out_sims[n] = _ratio(s, qn, norms[r])
+            out_sims[n] = _ratio(total, q.norm, rows.norms[r])
             n += 1
-    return n
+    for s in range(segs.shape[0]):
+        n += exact_rows(q, rows, post.drows[segs[s, SEG_D_LO]:segs[s, SEG_D_HI]], out_rows[n:], out_sims[n:])
+    return n + exact_range(q, rows, post.tail_lo, post.tail_hi, out_rows[n:], out_sims[n:])
 
 
-def head_columns(post_starts: np.ndarray, post_rows: np.ndarray, post_vals: np.ndarray, rows: int,
-                 sparse_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The head columns of postings over ``rows`` mirror rows (``sparse_rows`` of them sparse):
-    ``(slot, bytes, nibbles, scale)`` — ``slot`` (dim,) int32, a coordinate's column or −1: a
-    column below the number of byte columns is a row of ``bytes`` ((columns, rows) uint8
-    levels), any other a row of ``nibbles`` ((columns, ⌈rows/2⌉) uint8: the 4-bit levels of
-    rows 2i in the low half of byte i, 2i + 1 in the high half); ``scale`` (1,) float32, the
-    value of one level (1 where every head value is a count up to 255: then levels are exact up to
-    255). No head columns where a head value is negative."""
+def head_plan(post_starts: np.ndarray, post_vals: np.ndarray, sparse_rows: int) -> tuple[np.ndarray, int, float]:
+    """Which coordinates get head columns, from the postings of a fit's rows (``sparse_rows`` of
+    them sparse): ``(slot, bytes, scale)`` — ``slot`` (dim,) int32, a coordinate's column or −1
+    (the first ``bytes`` columns hold a byte a row, the others half a byte: see
+    :func:`head_levels`); ``scale`` the value of one level (1 where every head value is a count
+    up to 255: then levels are exact up to 255). No head columns where a head value is negative."""
     held = np.diff(post_starts)
     coords = np.flatnonzero(held >= max(1.0, HEAD_SHARE * sparse_rows))
     coords = coords[np.argsort(-held[coords], kind="stable")][:HEAD_MAX]
@@ -136,28 +140,39 @@ def head_columns(post_starts: np.ndarray, post_rows: np.ndarray, post_vals: np.n
     for lo, hi in spans:
         vals = np.asarray(post_vals[lo:hi])
         if vals.min() < 0:
-            coords, spans = coords[:0], []
-            break
+            return np.full(held.shape[0], -1, dtype=np.int32), 0, 1.0
         top = max(top, float(vals.max()))
         counts = counts and bool(np.array_equal(vals, np.rint(vals)))
-    scale = np.float32(1.0 if counts and top <= BYTE_LEVELS or top == 0 else top / BYTE_LEVELS)
-    levels = [np.minimum(BYTE_LEVELS, np.rint(np.asarray(post_vals[lo:hi]) / scale)).astype(np.uint8)
-              for lo, hi in spans]
-    small = [bool((lv > NIBBLE_LEVELS).mean() <= SATURATED_SHARE) for lv in levels]
+    scale = float(np.float32(1.0 if counts and top <= BYTE_LEVELS or top == 0 else top / BYTE_LEVELS))
+    small = [bool((np.minimum(BYTE_LEVELS, np.rint(np.asarray(post_vals[lo:hi]) / scale)) > NIBBLE_LEVELS).mean()
+                  <= SATURATED_SHARE) for lo, hi in spans]
     order = [j for j in range(len(spans)) if not small[j]] + [j for j in range(len(spans)) if small[j]]
-    kb = len(spans) - sum(small)
     slot = np.full(held.shape[0], -1, dtype=np.int32)
     slot[coords[order]] = np.arange(len(order), dtype=np.int32)
-    byte_cols = np.zeros((kb, rows), dtype=np.uint8)
-    nibble_cols = np.zeros((len(order) - kb, (rows + 1) // 2), dtype=np.uint8)
-    for at, j in enumerate(order):
-        r = np.asarray(post_rows[spans[j][0]:spans[j][1]], dtype=np.int64)
-        if at < kb:
-            byte_cols[at, r] = levels[j]
+    return slot, len(spans) - sum(small), scale
+
+
+def head_levels(slot: np.ndarray, nbytes: int, scale: float, post_starts: np.ndarray, post_rows: np.ndarray,
+                post_vals: np.ndarray, lo: int, nrows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The head columns of the mirror rows ``[lo, lo + nrows)`` from their postings: ``(bytes,
+    nibbles)`` — ``(nbytes, nrows)`` uint8 levels, and ``(columns − nbytes, ⌈nrows/2⌉)`` uint8
+    holding the 4-bit levels of local rows 2i in the low half of byte i and 2i + 1 in the high
+    half (saturating at 15). A level is ``round(value / scale)``, at most 255: levels only rank."""
+    heads = np.flatnonzero(slot >= 0)
+    columns = int(slot.max()) + 1 if heads.shape[0] else 0
+    byte_cols = np.zeros((nbytes, nrows), dtype=np.uint8)
+    nibble_cols = np.zeros((columns - nbytes, (nrows + 1) // 2), dtype=np.uint8)
+    for c in heads.tolist():
+        a, b = int(post_starts[c]), int(post_starts[c + 1])
+        r = np.asarray(post_rows[a:b], dtype=np.int64) - lo
+        level = np.clip(np.rint(np.asarray(post_vals[a:b]) / scale), 0, BYTE_LEVELS).astype(np.uint8)
+        j = int(slot[c])
+        if j < nbytes:
+            byte_cols[j, r] = level
         else:
-            level = np.minimum(levels[j], NIBBLE_LEVELS)
-            np.bitwise_or.at(nibble_cols[at - kb], r // 2, level << (4 * (r % 2)).astype(np.uint8))
-    return slot, byte_cols, nibble_cols, np.array([scale], dtype=np.float32)
+            np.bitwise_or.at(nibble_cols[j - nbytes], r // 2,
+                             (np.minimum(level, NIBBLE_LEVELS) << (4 * (r % 2))).astype(np.uint8))
+    return byte_cols, nibble_cols
 
 
 @njit(nogil=True, cache=True)
@@ -253,33 +268,30 @@ def _rare_block(rare, lo, hi, qvals, cursor, ends, post_rows, post_vals):
 
 
 @njit(nogil=True, cache=True)
-def postings_search(qbuf, qidx, qn, exclude, alive, norms, norms32, post_starts, post_rows, post_vals, head_slot,
-                    head_bytes, head_nibbles, head_scale, rows, rare_rows, candidates, voff, vi, vf, levels, out_rows,
-                    out_sims):
-    """One query against the sparse rows of a generation (mirror rows ``[0, rows)``): partial
-    similarity from the head columns and the rare postings, then exact GMM of the best
-    ``candidates`` (live, not ``exclude``) into the outputs. Returns how many were written.
+def postings_search(q, qidx, rows, post, rare_share, candidates, levels, out_rows, out_sims):
+    """One query (``qidx``: its nonzero coordinates) through postings: the segments' sparse rows
+    ranked by a partial similarity from the head columns and the postings of the query's rare
+    coordinates (held by at most ``rare_share`` of a segment's rows), the best ``candidates``
+    scored by exact GMM; the segments' dense rows and the tail scored exactly. Returns how
+    many rows were written to the outputs (room: ``candidates`` + dense rows + tail).
 
-    ``qbuf``: the query, dense float64 of the full dimension; ``qidx``: its nonzero
-    coordinates; ``norms32``: the rows' norms in float32 (what ranking needs, half the bytes of
-    ``norms``, which the exact scores read); ``levels``: uint16 scratch of at least ``rows`` rounded up to a group.
-    Rows are taken a block at a time, so that every sum stays in the cache: the head columns
-    summed into the block's counters (in uint8 while the query's levels allow, then in uint16),
-    the rare terms' postings of the block added, and each row's partial similarity cut to a
+    ``levels``: uint16 scratch of at least the segments' rows rounded up to a group. Rows are
+    taken a block at a time, so that every sum stays in the cache: the head columns summed
+    into the block's counters (in uint8 while the query's levels allow, then in uint16), the
+    rare coordinates' postings of the block added, and each row's partial similarity cut to a
     level; the best ``candidates`` levels are then chosen (:func:`gmmlsh.core.select.choose`)."""
-    scale = head_scale[0]
-    kb = head_bytes.shape[0]
-    heads = np.empty(qidx.shape[0], dtype=np.int64)
-    marks = np.empty(qidx.shape[0], dtype=np.int64)
-    cursor = np.empty(qidx.shape[0], dtype=np.int64)
-    ends = np.empty(qidx.shape[0], dtype=np.int64)
-    qvals = np.empty(qidx.shape[0], dtype=np.float64)
-    nb = nn = nr = 0  # byte heads at the front of heads/marks, packed ones from the back
+    segs, pstarts = post.segs, post.pstarts
+    scale = np.float32(post.head_scale)
+    kb, kn = post.head_bytes, post.head_nibbles
+    nq = qidx.shape[0]
+    heads = np.empty(nq, dtype=np.int64)
+    marks = np.empty(nq, dtype=np.int64)
+    others = np.empty(nq, dtype=np.int64)  # the query's coordinates without a head column
+    nb = nn = no = 0  # byte heads at the front of heads/marks, packed ones from the back
     for t in qidx:
-        qv = qbuf[t]
-        j = head_slot[t]
+        j = post.head_slot[t]
         if j >= 0:  # a head column's values are non-negative: a negative query value shares nothing
-            level = min(float(BYTE_LEVELS), np.rint(qv / scale))
+            level = min(float(BYTE_LEVELS), np.rint(q.dense[t] / scale))
             if level < 1:
                 continue
             if j < kb:
@@ -287,41 +299,63 @@ def postings_search(qbuf, qidx, qn, exclude, alive, norms, norms32, post_starts,
                 nb += 1
             else:  # a packed column's levels stop at NIBBLE_LEVELS: the same min below it
                 nn += 1
-                heads[qidx.shape[0] - nn], marks[qidx.shape[0] - nn] = j - kb, min(NIBBLE_LEVELS, np.int64(level))
-        elif post_starts[t + 1] - post_starts[t] <= rare_rows:
-            cursor[nr], ends[nr], qvals[nr] = post_starts[t], post_starts[t + 1], qv
-            nr += 1
-    heads[nb:nb + nn] = heads[qidx.shape[0] - nn:]
-    marks[nb:nb + nn] = marks[qidx.shape[0] - nn:]
+                heads[nq - nn], marks[nq - nn] = j - kb, min(NIBBLE_LEVELS, np.int64(level))
+        else:
+            others[no] = t
+            no += 1
+    heads[nb:nb + nn] = heads[nq - nn:]
+    marks[nb:nb + nn] = marks[nq - nn:]
     heads, marks = heads[:nb + nn], marks[:nb + nn]
-    cursor, ends, qvals = cursor[:nr], ends[:nr], qvals[:nr]
+    cursor = np.empty(no, dtype=np.int64)
+    ends = np.empty(no, dtype=np.int64)
+    qvals = np.empty(no, dtype=np.float64)
     block = np.zeros(_BLOCK, dtype=np.uint16)
     even, odd = np.zeros(_BLOCK // 2, dtype=np.uint8), np.zeros(_BLOCK // 2, dtype=np.uint8)
     rare = np.zeros(_BLOCK, dtype=np.float32)
-    padded = (rows + GROUP - 1) // GROUP * GROUP
-    levels[rows:padded] = 0
-    for lo in range(0, rows, _BLOCK):
-        size = min(_BLOCK, rows - lo)
-        block[:] = 0
-        rare[:size] = 0
-        _head_block(block, even, odd, head_bytes, head_nibbles, heads, marks, nb, lo, size)
-        _rare_block(rare[:size], lo, lo + size, qvals, cursor, ends, post_rows, post_vals)
-        _block_levels(block[:size], rare[:size], scale, qn, norms32[lo:lo + size], alive[lo:lo + size],
-                      levels[lo:lo + size])
-    if 0 <= exclude < rows:
-        levels[exclude] = 0
-    spans = np.array([[0, 0, rows], [padded, 0, 0]], dtype=np.int64)
+    listed = post.tail_lo  # the segments tile rows [0, tail_lo)
+    padded = (listed + GROUP - 1) // GROUP * GROUP
+    levels[listed:padded] = 0
+    for s in range(segs.shape[0]):
+        lo, hi = segs[s, SEG_LO], segs[s, SEG_HI]
+        n = hi - lo
+        half = (n + 1) // 2
+        hb = post.hbytes[segs[s, SEG_HBYTES]:segs[s, SEG_HBYTES] + kb * n].reshape((kb, n))
+        hn = post.hnibbles[segs[s, SEG_HNIBBLES]:segs[s, SEG_HNIBBLES] + kn * half].reshape((kn, half))
+        ps = segs[s, SEG_PSTARTS]
+        nr = 0
+        for i in range(no):  # the rare coordinates of this segment
+            t = others[i]
+            a, b = pstarts[ps + t], pstarts[ps + t + 1]
+            if 0 < b - a <= rare_share * n:
+                cursor[nr], ends[nr], qvals[nr] = a, b, q.dense[t]
+                nr += 1
+        for blo in range(0, n, _BLOCK):
+            size = min(_BLOCK, n - blo)
+            block[:] = 0
+            rare[:size] = 0
+            _head_block(block, even, odd, hb, hn, heads, marks, nb, blo, size)
+            _rare_block(rare[:size], lo + blo, lo + blo + size, qvals[:nr], cursor[:nr], ends[:nr], post.prows,
+                        post.pvals)
+            _block_levels(block[:size], rare[:size], scale, q.norm, rows.norms32[lo + blo:lo + blo + size],
+                          rows.alive[lo + blo:lo + blo + size], levels[lo + blo:lo + blo + size])
+    if 0 <= q.exclude < listed:
+        levels[q.exclude] = 0
+    spans = np.array([[0, 0, listed], [padded, 0, 0]], dtype=np.int64)
     kept = choose(levels[:padded], spans, candidates, _LEVELS - 1)
     m = kept.shape[0]
     found = 0
+    voff, vi = rows.voff, rows.vi
     for i in range(m):
         if i + _AHEAD < m:  # candidate rows are random: ask for one's lines a few rows ahead
             ahead = kept[i + _AHEAD]
             for w in range(voff[ahead], voff[ahead + 1], CACHE_LINE // 4):
                 prefetch_flat(vi, w)
         r = kept[i]
-        if alive[r] and r != exclude:  # a retired row or the query's own scored 0: chosen only when few rows score
+        if rows.alive[r] and r != q.exclude:  # a retired row or the query's own scored 0: chosen when few score
             out_rows[found] = r
-            out_sims[found] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
+            out_sims[found] = row_gmm(q.dense, q.norm, voff, vi, rows.vf, rows.norms, r)
             found += 1
-    return found
+    for s in range(segs.shape[0]):
+        found += exact_rows(q, rows, post.drows[segs[s, SEG_D_LO]:segs[s, SEG_D_HI]], out_rows[found:],
+                            out_sims[found:])
+    return found + exact_range(q, rows, post.tail_lo, post.tail_hi, out_rows[found:], out_sims[found:])

@@ -1,33 +1,15 @@
-"""The query kernels: candidates from inverted lists and the unlisted tail, ranked on
-sketch agreement, then on coarse GMM, exact GMM of the best few.
+"""The query kernels: candidates from the inverted lists of every segment and from the tail,
+ranked on sketch agreement, then on coarse GMM, exact GMM of the best few; and exact search.
 
-Flat numba functions over the arrays of a search mirror (:mod:`gmmlsh.index.mirror`) and
-its generation of lists (:mod:`gmmlsh.index.generation`):
+Flat numba functions over the bundles of :mod:`gmmlsh.core.bundles` (a mirror's
+:class:`~gmmlsh.core.bundles.Rows` and :class:`~gmmlsh.core.bundles.Lists`, a
+:class:`~gmmlsh.core.bundles.Query` and a :class:`~gmmlsh.core.bundles.Budget`).
 
-* ``profiles``/``starts``/``lrows``/``lfirst``/``lplanes``: the inverted lists. List ``c``
-  holds mirror rows ``lrows[starts[c]:starts[c+1]]``; ``lfirst`` their first-stage rows laid
-  out for a vectorised scan (:func:`gmmlsh.core.ivf.list_layout`), ``lplanes`` the low bit
-  planes of their sketches in list order (so the rank pass reads near what it scanned);
-  ``profiles`` choose the lists (:func:`gmmlsh.core.ivf.profile_scores`);
-* ``first`` (rows, 8) and ``planes`` (rows, b·words): every row's first-stage row and bit
-  planes (:mod:`gmmlsh.core.ivf`, :mod:`gmmlsh.core.codes`), read for the rows
-  ``[tail_lo, tail_hi)`` added since the generation was built (scanned whole);
-* ``alive`` (rows,): 0 for a retired vector (it stays in the arrays until the next generation);
-* ``coff``/``cdata``: the coarse rows (:mod:`gmmlsh.core.coarse`);
-* ``voff``/``vdata``/``norms``: the vectors as GMM sees them. Row ``r`` starts at word
-  ``voff[r]`` of ``vdata`` with two int32 header words, ``count`` and ``kind``: kind 0 is
-  dense (``count`` float32 values follow), kind 1 sparse (``count`` int32 indices, then
-  ``count`` float32 values). ``vi``/``vf`` are the int32 and float32 views of ``vdata``.
-
-The query itself enters as its bit planes ``qp`` and first-stage row ``qf`` and, for the GMM
-stages, as a dense float64 buffer ``qbuf`` of the full dimension (zero where the query is
-zero), so that a sparse stored row costs one gather per nonzero.
-
-Measured on Fashion-MNIST grown to 1M (one query, 24 lists of ~500 rows): the scan reads
-about 1.3 MB in order; every later stage reads rows from anywhere, and its cost is the
-cache lines it fetches — so each stage reads as few as it can (4 bit planes in list order,
-then int8 coarse rows, then the float32 rows of the best ``refine``), and asks for the next
-rows' lines while it scores the current ones.
+Every stage reads fewer rows than the one before, laid out so the reads are cheap: the scan
+streams the probed lists' first-stage rows in order (word by word, vectorised); every later
+stage reads rows from anywhere, and its cost is the cache lines it fetches — so each reads as
+few as it can (the low bit planes in list order, then int8 coarse rows, then the float32 rows
+of the best ``refine``) and asks for the next rows' lines while it scores the current ones.
 """
 
 from __future__ import annotations
@@ -35,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from gmmlsh.core.bundles import SEG_LSTARTS, Query
 from gmmlsh.core.coarse import HEADER, coarse_gmm
 from gmmlsh.core.codes import WORD
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
@@ -56,11 +39,12 @@ _GMM_LEVELS = 4095
 
 @njit(nogil=True, cache=True, fastmath=_FAST)
 def row_gmm(qbuf, qn, voff, vi, vf, norms, r):
-    """Exact GMM of the query against mirror row ``r``.
+    """Exact GMM ``S / (‖q‖₁ + ‖v‖₁ − S)`` of the query (dense buffer ``qbuf``, norm ``qn``)
+    against mirror row ``r``.
 
-    The row is sliced before the loop: indexing ``vf[base + i]`` directly makes numba
-    check every index for wrap-around, which stops LLVM vectorising (measured 5×).
-    Sparse indices are read as unsigned for the same reason.
+    The row is sliced before the loop: indexing ``vf[base + i]`` directly makes numba check
+    every index for wrap-around, which stops LLVM vectorising. Sparse indices are read as
+    unsigned for the same reason.
     """
     off = voff[r]
     count = vi[off]
@@ -99,68 +83,80 @@ def _agree(a, b, words, planes):
 
 
 @njit(nogil=True, cache=True)
-def shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, tail_hi, probes, shortlist):
-    """The first stage: the ``shortlist`` best rows by first-stage agreement among the
-    ``probes`` lists whose profiles agree best with the query (all when ``probes`` ≥ their
-    number) and the tail, ties to the earliest. Returns (refs, rows scanned): a ref below the
-    number of list entries is an entry, any other is ``entries + row`` (a tail row).
-
-    Every entry is scored first (a vectorised pass over the lists, as fast as memory streams
-    them), then the shortlist chosen (:func:`gmmlsh.core.select.choose`)."""
-    nlist = starts.shape[0] - 1
-    entries = starts[nlist]
+def chosen_lists(q, lists, budget):
+    """The ``budget.probes`` lists whose profiles agree best with the query (every list when
+    that is as many as there are), in list order."""
+    nlist = lists.profiles.shape[1]
     chosen = np.arange(nlist)
-    if probes < nlist:
+    if budget.probes < nlist:
         pscore = np.empty(nlist, dtype=np.int64)
-        profile_scores(profiles, qp, words, two, pscore)
-        chosen = select(chosen, pscore, nlist, probes, words * WORD)
-    # Each run of scores (a list, then the tail) starts at a multiple of GROUP, zeros between.
-    total = (tail_hi - tail_lo + GROUP - 1) // GROUP * GROUP + GROUP
-    for c in chosen:
-        total += (starts[c + 1] - starts[c] + GROUP - 1) // GROUP * GROUP
-    scores = np.empty(total, dtype=np.uint16)
-    spans = np.empty((chosen.shape[0] + 2, 3), dtype=np.int64)  # per run: first position, first ref, size
-    at = 0
-    for j in range(chosen.shape[0]):
-        c = chosen[j]
-        size = starts[c + 1] - starts[c]
-        spans[j, 0], spans[j, 1], spans[j, 2] = at, starts[c], size
-        list_scores(lfirst, starts[c], size, qf, scores[at:])
-        end = (at + size + GROUP - 1) // GROUP * GROUP
-        scores[at + size:end] = 0
-        at = end
-    j = chosen.shape[0]
-    spans[j, 0], spans[j, 1], spans[j, 2] = at, entries + tail_lo, tail_hi - tail_lo
-    for r in range(tail_lo, tail_hi):
-        scores[at + r - tail_lo] = first_agreement(first[r], qf)
-    end = (at + tail_hi - tail_lo + GROUP - 1) // GROUP * GROUP
-    scores[at + tail_hi - tail_lo:end] = 0
-    spans[j + 1, 0], spans[j + 1, 1], spans[j + 1, 2] = end, 0, 0
-    return choose(scores, spans, shortlist, _FIRST_TOP), spans[:, 2].sum()
+        profile_scores(lists.profiles, q.planes, budget.words, budget.two, pscore)
+        chosen = select(chosen, pscore, nlist, budget.probes, budget.words * WORD)
+    return chosen
 
 
 @njit(nogil=True, cache=True)
-def search(qp, qf, words, two, qbuf, qn, exclude, profiles, starts, lrows, lfirst, lplanes, first, planes, tail_lo,
-           tail_hi, alive, coff, cdata, dim, voff, vi, vf, norms, probes, shortlist, rank_planes, candidates, refine,
-           out_rows, out_sims):
-    """One query: returns (rows written to ``out_rows``/``out_sims``, rows scanned, candidates
-    ranked by GMM).
+def shortlist_of(q, rows, lists, budget):
+    """The first stage: the ``budget.shortlist`` best by first-stage agreement among the
+    entries of the chosen lists (:func:`chosen_lists`) of every segment and the tail rows,
+    ties to the earliest. Returns (refs, rows scanned): a ref below the length of the list
+    arenas is an arena entry, any other is that length plus a (tail) mirror row.
 
-    1. the first stage (:func:`shortlist_of`): the ``shortlist`` best of the probed lists and the tail;
-    2. those ranked on the low ``rank_planes`` bits (1–4) of every sample;
-    3. the ``candidates`` best of those ranked by coarse GMM (:mod:`gmmlsh.core.coarse`);
-    4. the ``refine`` best of those scored by exact GMM (unsorted; the caller ranks). With
-       ``refine`` ≥ ``candidates`` every candidate is scored exactly; with ``refine`` 0 the
-       candidates are returned unscored (similarity 0: which rows a setting reaches).
-    Retired rows and row ``exclude`` (the query's own vector, or −1) are skipped.
-    """
-    entries = starts[starts.shape[0] - 1]
-    short, scanned = shortlist_of(qf, qp, words, two, profiles, starts, lfirst, first, tail_lo, tail_hi, probes,
-                                  shortlist)
+    Every entry is scored first (a vectorised pass over each list, as fast as memory streams
+    it), then the shortlist chosen (:func:`gmmlsh.core.select.choose`)."""
+    chosen = chosen_lists(q, lists, budget)
+    segs, lstarts = lists.segs, lists.lstarts
+    entries = lists.lrows.shape[0]
+    tail = lists.tail_hi - lists.tail_lo
+    # Each run of scores (a list of a segment, then the tail) starts at a multiple of GROUP, zeros between.
+    total = (tail + GROUP - 1) // GROUP * GROUP + GROUP
+    runs = 0
+    for s in range(segs.shape[0]):
+        base = segs[s, SEG_LSTARTS]
+        for c in chosen:
+            size = lstarts[base + c + 1] - lstarts[base + c]
+            if size:
+                total += (size + GROUP - 1) // GROUP * GROUP
+                runs += 1
+    scores = np.empty(total, dtype=np.uint16)
+    spans = np.empty((runs + 2, 3), dtype=np.int64)  # per run: first position, first ref, size
+    at = 0
+    j = 0
+    for s in range(segs.shape[0]):
+        base = segs[s, SEG_LSTARTS]
+        for c in chosen:
+            lo = lstarts[base + c]
+            size = lstarts[base + c + 1] - lo
+            if size == 0:
+                continue
+            spans[j, 0], spans[j, 1], spans[j, 2] = at, lo, size
+            list_scores(lists.lfirst, lo, size, q.first, scores[at:])
+            end = (at + size + GROUP - 1) // GROUP * GROUP
+            scores[at + size:end] = 0
+            at = end
+            j += 1
+    spans[j, 0], spans[j, 1], spans[j, 2] = at, entries + lists.tail_lo, tail
+    first = rows.first
+    for r in range(lists.tail_lo, lists.tail_hi):
+        scores[at + r - lists.tail_lo] = first_agreement(first[r], q.first)
+    end = (at + tail + GROUP - 1) // GROUP * GROUP
+    scores[at + tail:end] = 0
+    spans[j + 1, 0], spans[j + 1, 1], spans[j + 1, 2] = end, 0, 0
+    return choose(scores, spans, budget.shortlist, _FIRST_TOP), spans[:, 2].sum()
+
+
+@njit(nogil=True, cache=True)
+def _rank(q, rows, lists, budget, short):
+    """The shortlist's mirror rows and their agreement on the low ``rank_planes`` bits of every
+    sample (0 for a retired row and the excluded one): list entries read from the arena's copy
+    of their planes (near what the scan read), tail rows from the mirror's."""
+    entries = lists.lrows.shape[0]
+    lplanes, planes, alive = lists.lplanes, rows.planes, rows.alive
+    words, nplanes = budget.words, budget.rank_planes
+    stride = nplanes * words
     k = short.shape[0]
-    rows = np.empty(k, dtype=np.int64)
+    found = np.empty(k, dtype=np.int64)
     ranked = np.empty(k, dtype=np.int64)
-    stride = rank_planes * words
     for t in range(k):
         if t + _AHEAD < k:
             ahead = short[t + _AHEAD]
@@ -173,77 +169,110 @@ def search(qp, qf, words, two, qbuf, qn, exclude, profiles, starts, lrows, lfirs
                     prefetch(planes, ahead - entries, w)
         ref = short[t]
         if ref < entries:
-            r = np.int64(lrows[ref])
-            score = _agree(lplanes[ref], qp, words, rank_planes)
+            r = np.int64(lists.lrows[ref])
+            score = _agree(lplanes[ref], q.planes, words, nplanes)
         else:
             r = ref - entries
-            score = _agree(planes[r], qp, words, rank_planes)
-        rows[t] = r
-        ranked[t] = score if alive[r] and r != exclude else 0
-    best = select(rows, ranked, k, candidates, words * WORD)
+            score = _agree(planes[r], q.planes, words, nplanes)
+        found[t] = r
+        ranked[t] = score if alive[r] and r != q.exclude else 0
+    return found, ranked
+
+
+@njit(nogil=True, cache=True)
+def _coarse_best(q, rows, best, refine):
+    """The ``refine`` best of the candidate rows ``best`` by GMM on their coarse copies
+    (:mod:`gmmlsh.core.coarse`; a sparse row, which has none, exactly), and how many were
+    ranked (live, not excluded)."""
+    coff, cdata, alive = rows.coff, rows.cdata, rows.alive
+    levels, head, counts = cdata.view(np.int8), cdata.view(np.float32), cdata.view(np.int32)
+    q32 = q.dense.astype(np.float32)
     nb = best.shape[0]
-    if refine == 0:
-        out_rows[:nb] = best
-        out_sims[:nb] = 0.0
-        return nb, scanned, nb
-    ranked_by_gmm = -1  # no coarse stage: every candidate is scored exactly
-    if refine < nb:
-        ranked_by_gmm = 0
-        levels = cdata.view(np.int8)
-        head = cdata.view(np.float32)
-        counts = cdata.view(np.int32)
-        q32 = qbuf.astype(np.float32)
-        coarse = np.empty(nb, dtype=np.int64)
-        for t in range(nb):
-            if t + 2 * _AHEAD < nb:
-                prefetch_flat(coff, best[t + 2 * _AHEAD])
-            if t + _AHEAD < nb:  # its lines: to the next row's start, at most a dense row's
-                ahead = best[t + _AHEAD]
-                for b in range(coff[ahead], min(coff[ahead + 1], coff[ahead] + HEADER + dim), CACHE_LINE):
-                    prefetch_flat(cdata, b)
-            r = best[t]
-            if alive[r] and r != exclude:
-                g = coarse_gmm(q32, qn, coff, levels, head, counts, r)
-                if g < 0:  # a sparse row has no coarse copy: its exact GMM costs as little
-                    g = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
-                coarse[t] = np.int64(_GMM_LEVELS * g)
-                ranked_by_gmm += 1
-            else:
-                coarse[t] = 0
-        best = select(best, coarse, nb, refine, _GMM_LEVELS)
-        nb = best.shape[0]
+    coarse = np.empty(nb, dtype=np.int64)
+    ranked = 0
+    for t in range(nb):
+        if t + 2 * _AHEAD < nb:
+            prefetch_flat(coff, best[t + 2 * _AHEAD])
+        if t + _AHEAD < nb:  # its lines: to the next row's start, at most a dense row's
+            ahead = best[t + _AHEAD]
+            for b in range(coff[ahead], min(coff[ahead + 1], coff[ahead] + HEADER + rows.dim), CACHE_LINE):
+                prefetch_flat(cdata, b)
+        r = best[t]
+        if alive[r] and r != q.exclude:
+            g = coarse_gmm(q32, q.norm, coff, levels, head, counts, r)
+            if g < 0:  # a sparse row has no coarse copy: its exact GMM costs as little
+                g = row_gmm(q.dense, q.norm, rows.voff, rows.vi, rows.vf, rows.norms, r)
+            coarse[t] = np.int64(_GMM_LEVELS * g)
+            ranked += 1
+        else:
+            coarse[t] = 0
+    return select(best, coarse, nb, refine, _GMM_LEVELS), ranked
+
+
+@njit(nogil=True, cache=True)
+def exact_of(q, rows, best, out_rows, out_sims):
+    """Exact GMM of the query against the rows ``best`` (live ones, the excluded one left out)
+    into the outputs; returns how many were written."""
+    voff, vf, alive = rows.voff, rows.vf, rows.alive
+    nb = best.shape[0]
     n = 0
     for t in range(nb):
         if t + _AHEAD < nb:  # the next rows' vectors, while this one is scored (at most a dense row's lines)
             ahead = best[t + _AHEAD]
-            for w in range(voff[ahead], min(voff[ahead + 1], voff[ahead] + 2 + dim), _LINE_VALUES):
+            for w in range(voff[ahead], min(voff[ahead + 1], voff[ahead] + 2 + rows.dim), _LINE_VALUES):
                 prefetch_flat(vf, w)
         r = best[t]
-        if alive[r] and r != exclude:
+        if alive[r] and r != q.exclude:
             out_rows[n] = r
-            out_sims[n] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
+            out_sims[n] = row_gmm(q.dense, q.norm, voff, rows.vi, vf, rows.norms, r)
             n += 1
-    return n, scanned, n if ranked_by_gmm < 0 else ranked_by_gmm
+    return n
 
 
-def _search_many_impl(QP, QF, words, two, Qbuf, qn, exclude, profiles, starts, lrows, lfirst, lplanes, first, planes,
-                      tail_lo, tail_hi, alive, coff, cdata, dim, voff, vi, vf, norms, probes, shortlist, rank_planes,
-                      candidates, refine, out_rows, out_sims, counts, scanned, ranked):
-    for i in prange(QP.shape[0]):
-        counts[i], scanned[i], ranked[i] = search(
-            QP[i], QF[i], words, two, Qbuf[i], qn[i], exclude[i], profiles, starts, lrows, lfirst, lplanes, first,
-            planes, tail_lo, tail_hi, alive, coff, cdata, dim, voff, vi, vf, norms, probes, shortlist, rank_planes,
-            candidates, refine, out_rows[i], out_sims[i])
+@njit(nogil=True, cache=True)
+def search(q, rows, lists, budget, out_rows, out_sims):
+    """One query: returns (rows written to ``out_rows``/``out_sims``, rows scanned, candidates
+    ranked by GMM).
+
+    1. the first stage (:func:`shortlist_of`): the ``shortlist`` best of the probed lists and the tail;
+    2. those ranked on the low ``rank_planes`` bits (1–4) of every sample;
+    3. the ``candidates`` best of those ranked by coarse GMM (:mod:`gmmlsh.core.coarse`);
+    4. the ``refine`` best of those scored by exact GMM (unsorted; the caller ranks). With
+       ``refine`` ≥ ``candidates`` every candidate is scored exactly; with ``refine`` 0 the
+       candidates are returned unscored (similarity 0: which rows a setting reaches).
+    Retired rows and the query's ``exclude`` row are skipped.
+    """
+    short, scanned = shortlist_of(q, rows, lists, budget)
+    found, ranked = _rank(q, rows, lists, budget, short)
+    best = select(found, ranked, short.shape[0], budget.candidates, budget.words * WORD)
+    nb = best.shape[0]
+    if budget.refine == 0:
+        out_rows[:nb] = best
+        out_sims[:nb] = 0.0
+        return nb, scanned, nb
+    if budget.refine < nb:
+        best, by_gmm = _coarse_best(q, rows, best, budget.refine)
+        n = exact_of(q, rows, best, out_rows, out_sims)
+        return n, scanned, by_gmm
+    n = exact_of(q, rows, best, out_rows, out_sims)  # no coarse stage: every candidate scored exactly
+    return n, scanned, n
 
 
-#: :func:`search` for every query of a batch (parallel over queries, or serial).
+def _search_many_impl(qs, rows, lists, budget, out_rows, out_sims, counts):
+    for i in prange(qs.norm.shape[0]):
+        q = Query(qs.planes[i], qs.first[i], qs.dense[i], qs.norm[i], qs.exclude[i])
+        counts[i, 0], counts[i, 1], counts[i, 2] = search(q, rows, lists, budget, out_rows[i], out_sims[i])
+
+
+#: :func:`search` for every query of a batch (:class:`~gmmlsh.core.bundles.Queries`), parallel
+#: over queries or serial; ``counts[i]``: query i's (rows written, rows scanned, candidates ranked).
 search_many_parallel, search_many_serial = twin_kernels(_search_many_impl, nogil=True, cache=True)
 
 
-def _exact_impl(qbuf, qn, exclude, alive, voff, vi, vf, norms, n, out):
+def _exact_impl(qbuf, qn, exclude, rows, n, out):
     for r in prange(n):
-        if alive[r] and r != exclude:
-            out[r] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
+        if rows.alive[r] and r != exclude:
+            out[r] = row_gmm(qbuf, qn, rows.voff, rows.vi, rows.vf, rows.norms, r)
         else:
             out[r] = -1.0
 
@@ -251,19 +280,76 @@ def _exact_impl(qbuf, qn, exclude, alive, voff, vi, vf, norms, n, out):
 #: Exact GMM of one query against every row ``< n`` (−1 for retired rows and ``exclude``).
 exact_parallel, exact_serial = twin_kernels(_exact_impl, nogil=True, cache=True)
 
+#: Rows a thread of :func:`exact_block_parallel` scores at a time.
+_BLOCK_CHUNK = 256
 
-def _exact_block_impl(Q, qn, exclude, alive, voff, vi, vf, norms, lo, hi, out):
-    for r in prange(lo, hi):
-        for j in range(Q.shape[0]):
-            if alive[r] and r != exclude[j]:
-                out[j, r - lo] = row_gmm(Q[j], qn[j], voff, vi, vf, norms, r)
+
+@njit(nogil=True, cache=True, fastmath=_FAST)
+def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s):
+    """``s[j] = S`` of mirror row ``r`` against every query ``j`` (``Q``: the queries' dense
+    buffers, ``(m, dim)``; ``QT``: the same transposed; ``nonneg``: no query has a negative
+    value). The row is read from memory once: a dense row, from the cache, against each query
+    in turn (a vectorised sum over its values); a sparse row value by value, against all the
+    queries' values of its coordinate at once (side by side in ``QT``: one vectorised pass,
+    where a query at a time would gather). Where neither side has a negative value the
+    same-sign minimum is the minimum (one instruction, not four). Not inlined: it keeps its
+    own fast-math flags, which let the sums vectorise."""
+    off = voff[r]
+    count = vi[off]
+    m = s.shape[0]
+    if vi[off + 1] == 0:
+        vals = vf[off + 2:off + 2 + count]
+        if nonneg and np.min(vals) >= 0:
+            for j in range(m):
+                q = Q[j]
+                total = 0.0
+                for i in range(count):
+                    total += min(q[i], np.float64(vals[i]))
+                s[j] = total
+        else:
+            for j in range(m):
+                q = Q[j]
+                total = 0.0
+                for i in range(count):
+                    total += _same_sign_min(q[i], np.float64(vals[i]))
+                s[j] = total
+    else:
+        s[:] = 0.0
+        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        vals = vf[off + 2 + count:off + 2 + 2 * count]
+        if nonneg and (count == 0 or np.min(vals) >= 0):
+            for p in range(count):
+                v = np.float64(vals[p])
+                qrow = QT[idx[p]]
+                for j in range(m):
+                    s[j] += min(qrow[j], v)
+        else:
+            for p in range(count):
+                v = np.float64(vals[p])
+                qrow = QT[idx[p]]
+                for j in range(m):
+                    s[j] += _same_sign_min(qrow[j], v)
+
+
+def _exact_block_impl(Q, QT, qn, exclude, rows, lo, hi, out):
+    m = qn.shape[0]
+    nonneg = Q.shape[0] == 0 or np.min(Q) >= 0
+    for ch in prange((hi - lo + _BLOCK_CHUNK - 1) // _BLOCK_CHUNK):
+        s = np.empty(m)
+        for r in range(lo + ch * _BLOCK_CHUNK, min(hi, lo + (ch + 1) * _BLOCK_CHUNK)):
+            if rows.alive[r]:
+                _row_against_all(Q, QT, nonneg, rows.voff, rows.vi, rows.vf, r, s)
+                nr = rows.norms[r]
+                for j in range(m):
+                    out[j, r - lo] = _ratio(s[j], qn[j], nr) if r != exclude[j] else -1.0
             else:
-                out[j, r - lo] = -1.0
+                for j in range(m):
+                    out[j, r - lo] = -1.0
 
 
 #: Exact GMM of many queries against rows ``lo ≤ r < hi``: ``out[j, r − lo]`` (−1 for retired
 #: rows and query j's ``exclude[j]``). A row is read from memory once for all the queries
-#: (one query at a time reads every row for each: at 784 dimensions that is memory-bound).
+#: (see :func:`_row_against_all`).
 exact_block_parallel, exact_block_serial = twin_kernels(_exact_block_impl, nogil=True, cache=True)
 
 
@@ -291,12 +377,25 @@ def row_cosine(qbuf, q_l2, voff, vi, vf, r):
 
 
 @njit(nogil=True, cache=True)
-def exact_rows(qbuf, qn, exclude, alive, voff, vi, vf, norms, rows, out_rows, out_sims):
-    """Exact GMM of the query against the given rows (live ones, ``exclude`` left out)."""
+def exact_rows(q, rows, which, out_rows, out_sims):
+    """Exact GMM of the query against the mirror rows ``which`` (live ones, the excluded one
+    left out) into the outputs; returns how many were written."""
     n = 0
-    for r in rows:
-        if alive[r] and r != exclude:
+    for r in which:
+        if rows.alive[r] and r != q.exclude:
             out_rows[n] = r
-            out_sims[n] = row_gmm(qbuf, qn, voff, vi, vf, norms, r)
+            out_sims[n] = row_gmm(q.dense, q.norm, rows.voff, rows.vi, rows.vf, rows.norms, r)
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def exact_range(q, rows, lo, hi, out_rows, out_sims):
+    """:func:`exact_rows` of the mirror rows ``[lo, hi)`` (the tail)."""
+    n = 0
+    for r in range(lo, hi):
+        if rows.alive[r] and r != q.exclude:
+            out_rows[n] = r
+            out_sims[n] = row_gmm(q.dense, q.norm, rows.voff, rows.vi, rows.vf, rows.norms, r)
             n += 1
     return n

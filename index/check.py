@@ -25,8 +25,8 @@ import orjson
 
 from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, pack_codes, unpack_codes
-from gmmlsh.core.ivf import first_rows, list_layout
-from gmmlsh.index.records import as_hashed, codes_of, decode_rows, decode_vector
+from gmmlsh.core.ivf import FIRST_WORDS, first_rows, list_layout
+from gmmlsh.index.records import as_hashed, codes_of, decode_rows, decode_vector, stored_payloads
 from gmmlsh.index.store.base import FIELDS
 
 #: Stop listing problems of one kind after this many examples.
@@ -173,7 +173,7 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
         rec = index.store.read(np.array([i for i, _ in part], dtype=np.int64), ["name", "vector", "sketch", "meta"])
         sk = np.frombuffer(b"".join(rec["sketch"]), np.uint8).reshape(len(part), -1)
         planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
-        norms, payloads = index.mirror._payloads(rec["vector"])
+        norms, payloads = stored_payloads(rec["vector"], cfg)
         for t, (iid, r) in enumerate(part):
             norm, payload = norms[t], payloads[t]
             off = int(view.voff[r])
@@ -191,23 +191,48 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
         sizes = coarse_sizes(view.voff, view.vi, 0, view.rows)
         want = np.empty(int(sizes.sum()), np.uint8)
         coarse_encode(view.voff, view.vi, view.vf, view.norms, 0, view.rows, want)
-        if not (np.array_equal(view.coff[1:] - view.coff[:-1], sizes) and np.array_equal(view.cdata, want)):
+        coff, cdata = view.row_bundle.coff, view.row_bundle.cdata
+        if not (np.array_equal(coff[1:] - coff[:-1], sizes) and np.array_equal(cdata, want)):
             rep.add("mirror: coarse rows differ from the vectors", "rebuild the mirror")
-    gen = view.generation
-    if gen is not None:
-        listed = np.asarray(gen.lrows, dtype=np.int64)
-        if listed.shape[0] and (listed.max() >= gen.rows):
-            rep.add("mirror: a list names a row past its generation", f"row {int(listed.max())}")
-            return
-        counts = np.bincount(listed, minlength=gen.rows)
-        for r in np.flatnonzero(counts > 1)[:MAX_EXAMPLES]:
-            rep.add("mirror: a row listed twice", f"row {int(r)}")
-        unlisted = np.flatnonzero((counts[:gen.rows] == 0) & (view.alive[:gen.rows] != 0))
-        for r in unlisted[:MAX_EXAMPLES]:
-            rep.add("mirror: a live row in no list", f"row {int(r)}")
-        if not (np.array_equal(np.asarray(gen.lfirst), list_layout(view.first[listed], np.asarray(gen.starts)))
-                and np.array_equal(np.asarray(gen.lplanes), view.planes[listed, :gen.lplanes.shape[1]])):
-            rep.add("mirror: a list's copy of its rows' sketches differs from them", f"generation {gen.number}")
+    _check_segments(view, rep)
+
+
+def _check_segments(view, rep: CheckReport) -> None:
+    """The segments tile the listed rows, list every live one of them once, in range, and copy
+    their rows' sketches; their postings name rows of their own."""
+    if view.fit is None:
+        return
+    lists, post, nlist = view.lists, view.postings, view.fit.lists
+    kept = lists.lplanes.shape[1]
+    counts = np.zeros(view.rows, np.int64)
+    end = 0
+    for seg in view.segments:
+        lo, hi, e0, n = seg["lo"], seg["hi"], seg["e"], seg["n"]
+        where = f"segment of rows [{lo}, {hi})"
+        if lo != end:
+            rep.add("mirror: the segments do not tile the listed rows", where)
+        end = hi
+        listed = np.asarray(lists.lrows[e0:e0 + n], dtype=np.int64)
+        starts = np.asarray(lists.lstarts[seg["ls"]:seg["ls"] + nlist + 1]) - e0
+        if listed.shape[0] and (listed.min() < lo or listed.max() >= hi):
+            rep.add("mirror: a segment lists a row outside it", where)
+            continue
+        if starts[0] != 0 or starts[-1] != n or (np.diff(starts) < 0).any():
+            rep.add("mirror: a segment's list starts are out of order", where)
+            continue
+        counts += np.bincount(listed, minlength=view.rows)
+        if not (np.array_equal(np.asarray(lists.lfirst[FIRST_WORDS * e0:FIRST_WORDS * (e0 + n)]),
+                               list_layout(view.first[listed], starts))
+                and np.array_equal(np.asarray(lists.lplanes[e0:e0 + n]), view.planes[listed, :kept])):
+            rep.add("mirror: a list's copy of its rows' sketches differs from them", where)
+        prows = np.asarray(post.prows[seg["p"]:seg["p"] + seg["np"]])
+        if prows.shape[0] and (prows.min() < lo or prows.max() >= hi):
+            rep.add("mirror: a segment's postings name a row outside it", where)
+    for r in np.flatnonzero(counts > 1)[:MAX_EXAMPLES]:
+        rep.add("mirror: a row listed twice", f"row {int(r)}")
+    unlisted = np.flatnonzero((counts[:end] == 0) & (view.alive[:end] != 0))
+    for r in unlisted[:MAX_EXAMPLES]:
+        rep.add("mirror: a live row in no list", f"row {int(r)}")
 
 
 def _vector_problem(blob: bytes, dim: int) -> str | None:

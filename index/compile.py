@@ -53,7 +53,7 @@ def compile_kernels() -> float:
             with Index.open(os.path.join(d, name), config, maintain=False) as ix:
                 ix.upsert([str(i) for i in range(data.shape[0])], data)
                 ix.maintain()
-                for mode in ("lsh", "exact") + (("nrff",) if config.nrff_k else ("postings",)):
+                for mode in ("auto", "sketch", "exact") + (("nrff",) if config.nrff_k else ("postings",)):
                     ix.query(data[:1] if name == "sparse" else data[0], k=3, mode=mode)
                     ix.query(id="1", k=3, mode=mode)
                 ix.query(data[0], k=3, candidates=20, probes=2)

@@ -27,7 +27,9 @@ from dataclasses import replace
 import numpy as np
 import orjson
 
+from gmmlsh.core.bundles import frozen
 from gmmlsh.core.search import exact_rows
+from gmmlsh.index import segments
 from gmmlsh.index.config import (
     FILTER_EXACT_ROWS,
     FILTER_SUBSET_BYTES,
@@ -36,7 +38,7 @@ from gmmlsh.index.config import (
     SearchParams,
 )
 from gmmlsh.index.filters import Filter, MetaColumns
-from gmmlsh.index.search import QueryResult, answer, run_exact, run_lsh, run_nrff
+from gmmlsh.index.search import QueryResult, answer, found_by, restricted, run, run_sketch
 
 
 def matching(view, flt: Filter, columns: MetaColumns) -> tuple[np.ndarray, np.ndarray]:
@@ -55,7 +57,7 @@ def matching(view, flt: Filter, columns: MetaColumns) -> tuple[np.ndarray, np.nd
 
 def widened(params: SearchParams, view, share: float) -> SearchParams:
     """The search parameters with the scan widened for a condition matching ``share`` of the rows."""
-    lists = view.generation.lists if view.generation is not None else 0
+    lists = view.list_count
     probes = params.probes
     if probes > 0:
         probes = math.ceil(probes / share)
@@ -79,10 +81,15 @@ def subset_view(view, rows: np.ndarray):
     vectors and their coarse copies stay where they are: the offsets point into the mirror's
     columns), no lists, every row live. The sketch search over it scans only matching rows,
     however the condition correlates with the query's neighbourhood (a label does, strongly)."""
-    return replace(view, rows=int(rows.shape[0]), live=int(rows.shape[0]), iid=view.iid[rows],
-                   alive=np.ones(rows.shape[0], np.uint8), norms=view.norms[rows], planes=view.planes[rows],
-                   first=view.first[rows], voff=_gathered_offsets(view.voff, rows),
-                   coff=_gathered_offsets(view.coff, rows), generation=None)
+    m = int(rows.shape[0])
+    alive, norms, planes, first = np.ones(m, np.uint8), view.norms[rows], view.planes[rows], view.first[rows]
+    voff, coff = _gathered_offsets(view.voff, rows), _gathered_offsets(view.row_bundle.coff, rows)
+    bundle = view.row_bundle._replace(alive=frozen(alive), norms=frozen(norms),
+                                      norms32=frozen(norms.astype(np.float32)), planes=frozen(planes),
+                                      first=frozen(first), voff=frozen(voff), coff=frozen(coff))
+    lists, post = segments.bundles(None, None, m, view.lists.profiles.shape[0] // 2)
+    return replace(view, rows=m, live=m, iid=view.iid[rows], alive=alive, norms=norms, planes=planes, first=first,
+                   voff=voff, row_bundle=bundle, lists=lists, postings=post, fit=None, segments=())
 
 
 def _subset(view, flt: Filter, rows: np.ndarray, cache: dict):
@@ -101,7 +108,7 @@ def _subset(view, flt: Filter, rows: np.ndarray, cache: dict):
 
 
 def _nbytes(sub) -> int:
-    return sum(a.nbytes for a in (sub.planes, sub.first, sub.norms, sub.voff, sub.coff, sub.alive))
+    return sum(a.nbytes for a in (sub.planes, sub.first, sub.norms, sub.voff, sub.row_bundle.coff, sub.alive))
 
 
 def _subset_params(params: SearchParams) -> SearchParams:
@@ -116,35 +123,37 @@ def run_filtered(view, qs, k: int, mode: str, min_similarity: float, params: Sea
     """Answers to prepared queries among the rows that pass ``flt`` (see the module docstring)."""
     alive, rows = matching(view, flt, columns)
     m = int(rows.shape[0])
-    fview = replace(view, alive=alive, live=m)
+    fview = restricted(view, alive, m)
     if mode == "nrff":
-        return [answer(fview, mode, k, *run_nrff(fview, q, config, params.candidates), min_similarity) for q in qs]
-    if m > FILTER_EXACT_ROWS and mode == "lsh" and not params.exact:
-        share = m / max(view.live, 1)
-        found: list = [None] * len(qs)
-        if share > FILTER_SUBSET_SHARE:  # most rows pass: the mask, with the scan widened a little
-            found = run_lsh(fview, qs, widened(params, view, share), config, k)
-            # Fewer candidates than the rerank budget: the scan kept too few passing rows (the
-            # query's neighbourhood is mostly excluded, e.g. its own label): search the subset.
-            found = [f if f[2] >= min(params.candidates, m - 1) else None for f in found]
-        redo = [i for i, f in enumerate(found) if f is None]
-        if redo:
-            sub = _subset(view, flt, rows, columns.subsets)
-            at = [int(np.searchsorted(rows, qs[i].exclude)) if qs[i].exclude >= 0 and alive[qs[i].exclude] else -1
-                  for i in redo]
-            again = run_lsh(sub, [replace(qs[i], exclude=e) for i, e in zip(redo, at, strict=True)],
-                            _subset_params(params), config, k)
-            for i, (r, s, ranked) in zip(redo, again, strict=True):
-                found[i] = (rows[r], s, ranked)
-        return [answer(fview, mode, k, r, s, ranked, min_similarity) for r, s, ranked in found]
-    if m > FILTER_EXACT_ROWS:
-        return [answer(fview, "exact", k, *run_exact(fview, q, k), min_similarity) for q in qs]
-    out = []
-    for q in qs:
-        orows, osims = np.empty(m, np.int64), np.empty(m)
-        n = exact_rows(q.dense, q.norm, q.exclude, alive, view.voff, view.vi, view.vf, view.norms, rows, orows, osims)
-        out.append(answer(fview, "exact", k, orows[:n], osims[:n], n, min_similarity))
-    return out
+        return run(fview, qs, k, mode, min_similarity, params, config)
+    if m <= FILTER_EXACT_ROWS:  # few rows pass: all of them scored exactly (the exact filtered answer)
+        return [answer(fview, "exact", k, *_exact_of(fview, q, rows), min_similarity) for q in qs]
+    if mode != "sketch":
+        return run(fview, qs, k, "exact", min_similarity, params, config)
+    share = m / max(view.live, 1)
+    found: list = [None] * len(qs)
+    if share > FILTER_SUBSET_SHARE:  # most rows pass: the mask, with the scan widened a little
+        found = run_sketch(fview, qs, widened(params, view, share), config, k)
+        # Fewer candidates than the rerank budget: the scan kept too few passing rows (the
+        # query's neighbourhood is mostly excluded, e.g. its own label): search the subset.
+        found = [f if f[2] >= min(params.candidates, m - 1) else None for f in found]
+    redo = [i for i, f in enumerate(found) if f is None]
+    if redo:
+        sub = _subset(view, flt, rows, columns.subsets)
+        at = [int(np.searchsorted(rows, qs[i].exclude)) if qs[i].exclude >= 0 and alive[qs[i].exclude] else -1
+              for i in redo]
+        again = found_by(sub, [qs[i].excluding(e) for i, e in zip(redo, at, strict=True)], k, "sketch",
+                         _subset_params(params), config)
+        for i, (r, s, ranked) in zip(redo, again, strict=True):
+            found[i] = (rows[r], s, ranked)
+    return [answer(fview, mode, k, r, s, ranked, min_similarity) for r, s, ranked in found]
+
+
+def _exact_of(view, q, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Exact GMM of a query against the given rows (the few a filter passes)."""
+    out_rows, out_sims = np.empty(rows.shape[0], np.int64), np.empty(rows.shape[0])
+    n = exact_rows(q.q, view.row_bundle, rows, out_rows, out_sims)
+    return out_rows[:n], out_sims[:n], n
 
 
 class NameOrder:

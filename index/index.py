@@ -5,9 +5,9 @@ Queries read the search mirror (:mod:`gmmlsh.index.mirror`), a memory-mapped cop
 shared by every process of the machine; before answering, a query compares the
 store's feed token with the mirror's (one LMDB ``get``, or one Redis round trip)
 and brings the mirror up to date if another process or replica wrote. So a write
-acknowledged anywhere is seen by the next query everywhere. Inverted lists are
-rebuilt, and search parameters re-tuned, by a background thread as the index
-grows (:meth:`Index.maintain`).
+acknowledged anywhere is seen by the next query everywhere. Inverted lists grow in
+segments, and the search is re-tuned, beside the queries as the index grows
+(:mod:`gmmlsh.index.upkeep`); a query never waits for that.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import hashlib
 import logging
 import math
 import os
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,25 +25,24 @@ import numpy as np
 
 from gmmlsh import CACHE_DIR
 from gmmlsh.core.validate import VectorError
-from gmmlsh.index import generation, tuner
+from gmmlsh.index import tuner
 from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
 from gmmlsh.index.records import SparseRow, StoredVector, as_given, as_stored, check_id, prepare, query_rows
 from gmmlsh.index.search import (
+    MODE_ALIASES,
     MODES,
     QueryResult,
-    answer,
     prepare_row,
     prepare_vectors,
-    run_exact,
-    run_lsh,
-    run_nrff,
-    run_postings,
+    run,
     sparse_query,
 )
+from gmmlsh.index.served import QuerySample, SharedSample
 from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, Written
+from gmmlsh.index.upkeep import Upkeep
 
 log = logging.getLogger("gmmlsh.index")
 
@@ -60,6 +58,10 @@ class _MirrorBehind(Exception):
 
 class MirrorFull(DiskFull):
     """A query needs a vector this machine's search mirror cannot take yet (its disk is full)."""
+
+
+class _Untuned(Exception):
+    """The index was never tuned and is too big for exact search to be the cheap answer."""
 
 
 class UnknownIdError(KeyError):
@@ -110,10 +112,14 @@ class Index:
         #: Search parameters given by the operator; they override the tuned ones.
         self.overrides = {k: v for k, v in (search or {}).items() if v is not None}
         self._auto = maintain
-        self._maintaining = threading.Lock()
+        self._tune_tried = False
         self.last_tuning: dict | None = None
-        #: The queries this index served, sampled: the tuner re-tunes on them (index/tuner.py).
-        self.served = tuner.QuerySample()
+        #: The queries this process served since it last merged them into the index's shared sample,
+        #: which the tuner re-tunes on (:mod:`gmmlsh.index.served`).
+        self.served = QuerySample()
+        self.shared = SharedSample(self.mirror.dir, config.dim)
+        #: How to open this index again (a worker process running its upkeep does).
+        self.open_args: dict = {}
         #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
         self.columns = MetaColumns()
         self._names = NameOrder()
@@ -121,6 +127,7 @@ class Index:
         self.collection = "default"
         #: Why the mirror could not take the store's last changes (a full disk), or None.
         self._mirror_problem: str | None = None
+        self.upkeep = Upkeep(self)
 
     def declare_indexed(self, fields: Sequence[str]) -> None:
         """Metadata fields to keep indexed (value → rows lists; a collection declares them)."""
@@ -138,7 +145,7 @@ class Index:
 
         ``cache_dir``: where the search mirror of a Redis index lives on this machine;
         ``search``: :class:`SearchParams` fields that override the tuned ones;
-        ``maintain``: rebuild lists and re-tune in a background thread as the index grows.
+        ``maintain``: keep the lists and the tuning up in the background as the index grows.
         """
         loc = str(location)
         if not is_redis(loc) and config is None and not (Path(loc) / "data.mdb").exists():
@@ -155,7 +162,10 @@ class Index:
                 diffs = config.conflicts(found)
                 if diffs:
                     raise ConfigConflict("index has other parameters: " + "; ".join(diffs))
-            return cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir), search=search, maintain=maintain)
+            index = cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir), search=search, maintain=maintain)
+            index.open_args = {"location": loc, "prefix": prefix, "cache_dir": cache_dir and str(cache_dir),
+                               "search": search, **store_options}
+            return index
         except BaseException:
             store.close()
             raise
@@ -210,7 +220,7 @@ class Index:
         if view.token != self.store.token():
             view = self._sync()[0]
         if self._auto:
-            self._maybe_maintain(view)
+            self.upkeep.poke(view)
         return view
 
     def _sync(self) -> tuple[View, bool]:
@@ -245,17 +255,22 @@ class Index:
         return view
 
     def params(self, view: View, **given) -> SearchParams:
-        """The search parameters of a query: tuned, then the operator's, then the query's."""
-        params = view.search.with_overrides(**self.overrides) if self.overrides else view.search
+        """The search parameters of a query: tuned (the lists probed scaled to the lists there are,
+        where a new fit has more or fewer than the tuning saw), then the operator's, then the query's."""
+        params = view.search
+        if params.probes and view.tuned_lists and view.list_count != view.tuned_lists:
+            params = params.with_overrides(probes=max(1, round(params.probes * view.list_count / view.tuned_lists)))
+        params = params.with_overrides(**self.overrides) if self.overrides else params
         return params.with_overrides(**given) if any(v is not None for v in given.values()) else params
 
     # --- queries -------------------------------------------------------------------------------
-    def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "lsh",
+    def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "auto",
               min_similarity: float = 0.0, candidates: int | None = None, probes: int | None = None,
               filter: dict | Filter | None = None) -> QueryResult:
         """Nearest neighbours of a vector (dense, ``(indices, values)`` or a 1-row CSR) or of a
         stored id (which is then left out); with a ``filter`` (:mod:`gmmlsh.index.filters`),
-        the nearest of the vectors whose metadata pass it."""
+        the nearest of the vectors whose metadata pass it. ``mode``: ``auto`` (the search the index
+        tuned for itself), or ``sketch``, ``postings``, ``exact``, ``nrff`` (see :data:`MODES`)."""
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
@@ -280,12 +295,12 @@ class Index:
                 with sparse_query(X32, self.config) as q:
                     return self._answer(view, [q], k, how, min_similarity, params, flt)[0]
             else:
-                q = prepare_vectors(X32, self.config, sketch=how == "lsh")[0]
+                q = prepare_vectors(X32, self.config, sketch=how == "sketch")[0]
             return self._answer(view, [q], k, how, min_similarity, params, flt)[0]
 
         return self._current(on)
 
-    def query_batch(self, X, *, k: int = 10, mode: str = "lsh", min_similarity: float = 0.0,
+    def query_batch(self, X, *, k: int = 10, mode: str = "auto", min_similarity: float = 0.0,
                     candidates: int | None = None, probes: int | None = None,
                     filter: dict | Filter | None = None) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""
@@ -298,7 +313,7 @@ class Index:
             params, how = self._plan(view, mode, candidates, probes)
             out: list[QueryResult] = []
             for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
-                qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=how == "lsh")
+                qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=how == "sketch")
                 out += self._answer(view, qs, k, how, min_similarity, params, flt)
             return out
 
@@ -315,19 +330,22 @@ class Index:
         view = self.mirror.refresh()
         refused: FilterError | None = None
         missing: str | None = None  # a stored id the mirror does not hold yet
+        untuned = False
         try:
             out = answer_on(view)
         except _MirrorBehind as exc:
             out, missing = None, exc.args[0]
+        except _Untuned:  # no tuning yet: tuned below, before the first answer
+            out, untuned = None, True
         except FilterError as exc:  # judged on the stored values: again below if the mirror was behind
             out, refused = None, exc
         finally:
             now = pending()
         if refused is not None and now == view.token:
             raise refused
-        if missing is not None or now != view.token:
+        if missing is not None or untuned or now != view.token:
             view, synced = self._sync()
-            if not synced:  # the mirror cannot take the writes: answer from what it holds
+            if not synced and not untuned:  # the mirror cannot take the writes: answer from what it holds
                 if missing is not None:
                     raise MirrorFull(f"id: the vector of {missing!r} was written after this machine's search mirror "
                                      "filled up; it cannot be searched from until space is freed")
@@ -338,33 +356,48 @@ class Index:
                 out = answer_on(view)
             except _MirrorBehind as exc:  # replaced or deleted again between lookup and sync
                 raise UnknownIdError(exc.args[0]) from None
+            except _Untuned:  # tuned now, before the first answer (the lists built first, if due)
+                try:
+                    self.upkeep.run_now()
+                finally:
+                    self._tune_tried = True  # if that failed, exact search answers meanwhile
+                out = answer_on(self._sync()[0])
         if self._auto:
-            self._maybe_maintain(view)
+            self.upkeep.poke(view)
+        if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES):
+            self.flush_served()
         return out
 
+    def flush_served(self) -> None:
+        """Merge the queries this process served into the index's shared sample."""
+        try:
+            self.shared.add(self.served, self.mirror.locked)
+        except OSError as exc:  # a full disk: the sample waits, the queries go on
+            log.warning("served queries not saved: %s", exc)
+
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
-        """The search parameters and the mode that answers: the tuner may have found brute
-        force (unless the query set knobs) or the postings search (unless it set ``probes``, a
-        knob of the sketch search) cheaper for this index than the sketch search."""
+        """The search parameters and the search that answers: for ``auto``, the tuner may have
+        found brute force (unless the query set knobs) or the postings search (unless it set
+        ``probes``, a knob of the sketch search) cheaper for this index than the sketch search.
+        An index never tuned answers by exact search while it is small and is tuned before its
+        first answer otherwise (:class:`_Untuned`): no answer comes from an untuned search."""
         params = self.params(view, candidates=candidates, probes=probes)
-        if mode == "lsh" and params.exact and candidates is None and probes is None:
-            mode = "exact"
-        elif mode == "lsh" and params.rare > 0 and probes is None:
-            mode = "postings"
-        return params, mode
+        if mode != "auto":
+            return params, mode
+        if not view.tuned_rows:  # never tuned: exact search where the index is small, else tune first
+            if view.live < tuner.MIN_ROWS or self._tune_tried:
+                return params, "exact"
+            raise _Untuned()
+        if params.exact and candidates is None and probes is None:
+            return params, "exact"
+        if params.rare > 0 and probes is None:
+            return params, "postings"
+        return params, "sketch"
 
     def _answer(self, view, qs, k, mode, min_similarity, params, flt=None) -> list[QueryResult]:
         if flt is not None:
             return run_filtered(view, qs, k, mode, min_similarity, params, self.config, flt, self.columns)
-        if mode == "lsh":
-            found = run_lsh(view, qs, params, self.config, k)
-            return [answer(view, mode, k, rows, sims, ranked, min_similarity) for rows, sims, ranked in found]
-        if mode == "exact":
-            return [answer(view, mode, k, *run_exact(view, q, k), min_similarity) for q in qs]
-        if mode == "postings":
-            return [answer(view, mode, k, *run_postings(view, q, params), min_similarity) for q in qs]
-        return [answer(view, mode, k, *run_nrff(view, q, self.config, params.candidates), min_similarity)
-                for q in qs]
+        return run(view, qs, k, mode, min_similarity, params, self.config)
 
     # --- by metadata ---------------------------------------------------------------------------
     def scroll(self, cursor: str | None = None, limit: int = 100, filter: dict | Filter | None = None
@@ -392,67 +425,24 @@ class Index:
         return self.store.delete(names, expect=view.iid[rows].astype(np.int64))
 
     # --- upkeep --------------------------------------------------------------------------------------
-    def _maybe_maintain(self, view: View) -> None:
-        if (generation.due(view.rows, view.rows - view.tail_start) or self._tuning_due(view)) \
-                and not self._maintaining.locked():
-            threading.Thread(target=self.maintain, name="gmmlsh-maintain", daemon=True).start()
-
-    def _tuning_due(self, view: View) -> bool:
-        """Tune when the index has doubled since it was last tuned, or when it was tuned on
-        stored vectors and enough served queries have come in since to tune on them instead."""
-        if view.rows < tuner.MIN_ROWS:
-            return False
-        return view.rows >= 2 * max(view.tuned_rows, 1) or (
-            not view.tuned_on_queries and len(self.served.rows) >= tuner.MIN_QUERIES)
-
     def maintain(self, queries=None) -> dict:
-        """Build a new generation of inverted lists and re-tune the search, where due.
+        """Do now, in this thread, the upkeep that is due (:mod:`gmmlsh.index.upkeep`): absorb the
+        tail into segments, merge them, make a new fit of the lists, tune the search. The
+        background lanes do it on their own (``maintain=True``); a bulk load calls this at its
+        end. Waits for upkeep under way elsewhere. Returns what was done, task by task.
 
-        Runs in the background on its own (``maintain=True``); a bulk load calls it at
-        the end. One process of the machine does it at a time; the others pick up the
-        result (with ``queries``, it waits for them). Returns what was done.
-
-        ``queries`` (dense 2-D or CSR, at least :data:`tuner.MIN_QUERIES` rows; the tuner
-        takes :data:`tuner.MAX_QUERIES` of them, spread evenly): queries like those the
-        index will serve, to tune on now, as if it had served them. Without them an index
-        tunes on stored vectors until it has served enough queries, and stored vectors can
-        be much easier queries than new ones where the data hold near-copies (measured on
-        text resampled to 200,000 rows: recall 0.72 on new passages, 0.97 once tuned on
-        queries).
+        ``queries`` (dense 2-D or CSR, at least :data:`tuner.MIN_QUERIES` rows; the tuner takes
+        :data:`tuner.MAX_QUERIES` of them, spread evenly): queries like those the index will
+        serve, to tune on now, as if it had served them. Without them an index tunes on stored
+        vectors until it has served enough queries, and stored vectors can be much easier
+        queries than new ones where the data hold near-copies.
         """
         given = tuner.sample_queries(queries, self.config.dim) if queries is not None else None
-        done: dict = {}
-        wait = given is not None  # upkeep under way elsewhere: given queries wait their turn
-        if not self._maintaining.acquire(blocking=wait):
-            return done
-        try:
-            with self.mirror.locked("maintain", blocking=wait) as mine:
-                if not mine:
-                    return done
-                view = self.mirror.sync(self.store)
-                if generation.due(view.rows, view.rows - view.tail_start):
-                    name = generation.build(self.mirror.dir, view, view.generation, self.config.dim,
-                                            self.config.bits, seed=self.config.seed)
-                    view = self.mirror.publish(generation=name)
-                    done["generation"] = view.generation.number
-                if (given is not None and view.rows >= tuner.MIN_ROWS) or self._tuning_due(view):
-                    served = given or (self.served.take(tuner.MAX_QUERIES)
-                                       if len(self.served.rows) >= tuner.MIN_QUERIES else None)
-                    params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
-                    self.mirror.publish(search=params, tuned_rows=view.rows, tuned_on_queries=served is not None)
-                    self.last_tuning = report
-                    done["tuned"] = report
-                    log.info("search tuned at %d vectors: %s %s", view.rows, params, report)
-        except Exception:  # the index keeps answering with what it has; say why upkeep failed
-            log.exception("index upkeep failed")
-        finally:
-            self._maintaining.release()
-        return done
+        return self.upkeep.run_now(given)
 
     # --- housekeeping ---------------------------------------------------------------------------------
     def stats(self) -> dict:
         view = self.mirror.refresh()
-        gen = view.generation
         return {
             "collection": self.collection,
             "count": self.count(),
@@ -460,8 +450,10 @@ class Index:
             "search": {**self.params(view).to_dict(), "tuned_at_rows": view.tuned_rows,
                        "tuned_on": "queries" if view.tuned_on_queries else "stored vectors",
                        "overrides": self.overrides},
-            "mirror": {"rows": view.rows, "lists": gen.lists if gen else 0, "listed_rows": view.tail_start,
-                       "tail_rows": view.rows - view.tail_start, "disk_bytes": self.mirror.disk_bytes()},
+            "mirror": {"rows": view.rows, "lists": view.list_count, "segments": len(view.segments),
+                       "listed_rows": view.tail_start, "tail_rows": view.rows - view.tail_start,
+                       "disk_bytes": self.mirror.disk_bytes()},
+            "upkeep": self.upkeep.report(),
             "store": self.store.info(),
             "filters": {"indexed_fields": list(self.indexed)},
         }
@@ -489,7 +481,15 @@ class Index:
         return self.store.write_problem()
 
     def close(self) -> None:
-        self.store.close()
+        """Close the store; what this process wrote to the search mirror is put on disk first."""
+        try:
+            self.flush_served()
+            if self.mirror.written:
+                self.mirror.checkpoint()
+        except OSError as exc:  # a full disk: the mirror is derived data, rebuilt if a restart needs it
+            log.warning("mirror checkpoint at close failed: %s", exc)
+        finally:
+            self.store.close()
 
     def __enter__(self) -> Index:
         return self
@@ -506,6 +506,7 @@ def as_filter(spec: dict | Filter | None) -> Filter | None:
 def _check_options(k, mode, min_similarity, candidates, probes) -> tuple[int, str, float]:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= MAX_K:
         raise VectorError("k", f"must be an integer between 1 and {MAX_K}, got {k!r}")
+    mode = MODE_ALIASES.get(mode, mode)
     if mode not in MODES:
         raise VectorError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     if not (isinstance(min_similarity, int | float) and math.isfinite(min_similarity)):

@@ -1,29 +1,42 @@
 """The search mirror: everything a query reads, memory-mapped, once per machine.
 
-The store (LMDB or Redis) is the truth; the mirror is a copy laid out for search
-and derived from it, so it can always be rebuilt. It lives in a directory — inside
-an LMDB index, or in a cache directory for a Redis one — shared by every process
-of the machine: its columns (:mod:`gmmlsh.index.columns`) are memory-mapped, so a
-second worker adds no second copy.
+The store (LMDB or Redis) is the truth; the mirror is a copy laid out for search and
+derived from it, so it can always be rebuilt. It lives in a directory — inside an LMDB
+index, or in a cache directory for a Redis one — shared by every process of the machine:
+its columns (:mod:`gmmlsh.index.columns`) are memory-mapped, so a second worker adds no
+second copy.
 
-A mirror *row* is one stored vector, numbered in the order the mirror learned of
-it: row-indexed columns hold its iid, a live flag, the L1 norm and payload of the
-vector as GMM sees it (centred, if the index has a centre), the bit planes of its
-sketch and its first-stage row (:mod:`gmmlsh.core.ivf`), its name and metadata, and
-its NRFF features, and a coarse copy of its vector (one int8 level a value,
-:mod:`gmmlsh.core.coarse`) for ranking candidates by GMM from a quarter of the bytes; an
-iid-indexed column maps iids back to rows. Inverted lists over the rows are built in *generations*
-(:mod:`gmmlsh.index.generation`); rows added since the current generation form the
-*tail*, which a query scans whole.
+A mirror *row* is one stored vector, numbered in the order the mirror learned of it:
+row-indexed columns hold its iid, a live flag, the L1 norm (float64, and float32 for
+ranking) and payload of the vector as GMM sees it (centred, if the index has a centre), the
+bit planes of its sketch and its first-stage row (:mod:`gmmlsh.core.ivf`), its name and
+metadata, its NRFF features, and a coarse copy of its vector (one int8 level a value,
+:mod:`gmmlsh.core.coarse`); an iid-indexed column maps iids back to rows. Inverted lists
+over the rows come in *segments* (:mod:`gmmlsh.index.segments`); rows after the last
+segment form the *tail*, which a query scans whole.
 
-Keeping up: the mirror remembers the store's feed token it is current at. A
-process that finds the store's token moved takes the directory's lock, applies
-:meth:`Store.changes` (reads the added records, marks the retired ones), puts the
-new rows on disk, and publishes a new ``state.json`` (written aside, renamed). A
-crash before the rename leaves rows past the published count that the next sync
-overwrites; retirements marked early are facts already. A mirror made for another
-index (its ``uid``), by another format, or ahead of its store (a restored backup)
-is discarded and rebuilt.
+**State.** ``state.json`` says what a reader may use: the store's feed token the rows are
+current at, the row count, the fit of the lists and its segments, the tuned search. It is
+written aside and renamed, under the directory's ``sync`` lock, which is only ever held for
+short work: applying the store's changes, publishing a segment or a tuning, reserving room
+in the arenas. Upkeep (building segments, re-fitting, tuning) takes its own locks and works
+beside the queries, so a query never waits for it.
+
+Keeping up: a process that finds the store's token moved takes the ``sync`` lock, applies
+:meth:`Store.changes` (reads the added records, marks the retired ones), writes the new rows
+and publishes a new state. A crash of the process before the rename leaves rows past the
+published count that the next sync overwrites; retirements marked early are facts already.
+
+**Durability.** A query never waits for the disk: nothing on its path is fsynced (at 2,000
+writes a second the fsyncs of each sync, queued behind upkeep's, made the syncs a query waits
+for take 95 ms at the median and seconds at worst). What a killed process wrote is in the page
+cache and stays; only a crash of the machine loses it. So the state names the boot it was
+written in, and upkeep *checkpoints* now and then (:meth:`Mirror.checkpoint`: every file
+fsynced, then a copy of the state as ``durable.json``); a state from an earlier boot is
+replaced by the last checkpoint, and what came after it is read from the store again.
+
+A mirror made for another index (its ``uid``), by another format, or ahead of its store (a
+restored backup) is discarded and rebuilt.
 """
 
 from __future__ import annotations
@@ -35,32 +48,53 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gmmlsh.core.bundles import Lists, Postings, Rows, frozen
 from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
+from gmmlsh.index import segments
 from gmmlsh.index.columns import Blobs, Column, gather, gather_two, populate
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
-from gmmlsh.index.generation import Generation
-from gmmlsh.index.records import DENSE, decode_vector
+from gmmlsh.index.records import stored_payloads
+from gmmlsh.index.segments import Arenas, Fit
 from gmmlsh.index.store.base import Store
 
 #: Bump when the mirror's files change: an older mirror is rebuilt.
-MIRROR_FORMAT = 4
+MIRROR_FORMAT = 5
 #: Records read from the store per round trip while syncing.
 _READ_BATCH = 4096
 
 
+def _boot_id() -> str:
+    """This boot of the machine (Linux), or "": a state from another boot may name data the
+    page cache lost."""
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        return ""
+
+
+BOOT = _boot_id()
+
+
+class Stale(Exception):
+    """What an upkeep task built no longer fits the published state (another task moved it)."""
+
+
 @dataclass(frozen=True)
 class View:
-    """An immutable snapshot of the mirror for one query: rows ``< rows`` of every column."""
+    """An immutable snapshot of the mirror for one query: rows ``< rows`` of every column, and
+    the bundles the kernels read (:mod:`gmmlsh.core.bundles`)."""
 
     rows: int
     live: int  # rows that are live
+    dim: int
     token: tuple | None
     iid: np.ndarray
     alive: np.ndarray
@@ -70,15 +104,19 @@ class View:
     voff: np.ndarray
     vi: np.ndarray
     vf: np.ndarray
-    coff: np.ndarray  # (rows + 1,) int64: byte offsets of the coarse rows
-    cdata: np.ndarray  # uint8: the coarse rows (gmmlsh.core.coarse)
     names: tuple[np.ndarray, np.ndarray]
     meta: tuple[np.ndarray, np.ndarray]
     nrff: np.ndarray | None
     rowof: np.ndarray
-    generation: Generation | None
+    row_bundle: Rows
+    lists: Lists
+    postings: Postings
+    fit: Fit | None
+    segments: tuple[dict, ...]
+    garbage: int  # values of the fit's arenas no segment uses any more
     search: SearchParams
     tuned_rows: int
+    tuned_lists: int
     tuned_on_queries: bool
 
     def row_of(self, iid: int) -> int:
@@ -105,7 +143,23 @@ class View:
 
     @property
     def tail_start(self) -> int:
-        return self.generation.rows if self.generation is not None else 0
+        """The first row no segment holds."""
+        return self.lists.tail_lo
+
+    @property
+    def list_count(self) -> int:
+        return self.fit.lists if self.fit is not None else 0
+
+    @property
+    def postings_search(self) -> bool:
+        """Whether the postings search applies: the fit has head columns (most rows are sparse
+        and text-like)."""
+        return self.fit is not None and self.fit.head_bytes + self.fit.head_nibbles > 0
+
+    @property
+    def has_postings(self) -> bool:
+        """Whether any segment holds postings (sparse rows)."""
+        return any(s["np"] for s in self.segments)
 
 
 class Mirror:
@@ -117,7 +171,13 @@ class Mirror:
         self._state_file = str(self._state_path)  # stat()ed by every query: no Path arithmetic there
         self.config = config
         self.words = plane_words(config.samples)
-        self._lock = threading.RLock()
+        self._thread_locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self._load_lock = threading.Lock()
+        self._arenas: Arenas | None = None
+        #: When this process last checkpointed (monotonic), and whether it wrote since.
+        self.checkpointed = time.monotonic()
+        self.written = False
         self._open_columns()
         self.view: View = self._load()
 
@@ -126,6 +186,7 @@ class Mirror:
         self._iid = Column(d / "iid.u4", np.uint32)
         self._alive = Column(d / "alive.u1", np.uint8)
         self._norms = Column(d / "norm.f8", np.float64)
+        self._norms32 = Column(d / "norm.f4", np.float32)
         self._planes = Column(d / "planes.u8", np.uint64, config.bits * self.words)
         self._first = Column(d / "first.u8", np.uint64, FIRST_WORDS)
         self._nrff = Column(d / "nrff.f4", np.float32, config.nrff_k) if config.nrff_k else None
@@ -136,28 +197,70 @@ class Mirror:
         self._meta = Blobs(d, "meta")
         self._state_stamp: tuple | None = None
 
+    def _columns(self) -> tuple:
+        return (self._iid, self._alive, self._norms, self._norms32, self._planes, self._first, self._rowof,
+                self._vectors, self._coarse, self._names, self._meta, *((self._nrff,) if self._nrff else ()))
+
     # --- state ---------------------------------------------------------------------------
     @property
     def _state_path(self) -> Path:
         return self.dir / "state.json"
 
     def _read_state(self) -> dict:
-        try:
-            state = json.loads(self._state_path.read_text())
-        except (OSError, ValueError):
-            state = None
-        if not state or state.get("format") != MIRROR_FORMAT or state.get("uid") != self.config.uid:
+        state = self._state_in(self._state_path)
+        if state is not None and state.get("boot") != BOOT:  # written before the machine restarted
+            state = self._state_in(self.dir / "durable.json")
+        if state is None:
             return {"format": MIRROR_FORMAT, "uid": self.config.uid, "token": None, "rows": 0, "live": 0,
-                    "generation": None, "search": None, "tuned_rows": 0}
+                    "lists": None, "search": None, "tuned_rows": 0, "tuned_lists": 0, "tuned_on_queries": False}
         return state
 
-    def _write_state(self, state: dict) -> None:
-        tmp = self.dir / f"state.json.{os.getpid()}.tmp"
+    def _state_in(self, path: Path) -> dict | None:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if state.get("format") != MIRROR_FORMAT or state.get("uid") != self.config.uid:
+            return None
+        return state
+
+    def _write_state(self, state: dict, path: Path | None = None, durable: bool = False) -> None:
+        state["boot"] = BOOT
+        path = path or self._state_path
+        tmp = self.dir / f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w") as f:
             json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._state_path)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if durable:
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def checkpoint(self) -> None:
+        """Put everything the state names on disk, then keep a copy of it as the state a restart
+        of the machine starts from (see the module docstring). Upkeep calls it now and then."""
+        with self.locked():
+            state = self._read_state()
+            lists = state.get("lists")
+            paths = [p for col in self._columns() for p in col.paths()]
+            if lists:
+                paths += list((self.dir / lists["fit"]).glob("*"))
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            self._write_state(dict(state), self.dir / "durable.json", durable=True)
+            self.checkpointed, self.written = time.monotonic(), False
 
     def _stamp(self) -> tuple | None:
         try:
@@ -168,57 +271,81 @@ class Mirror:
 
     @contextlib.contextmanager
     def locked(self, name: str = "sync", blocking: bool = True):
-        """The directory's lock ``name`` (across processes and threads); yields False if not
-        ``blocking`` and another holder has it."""
-        with self._lock, open(self.dir / f"{name}.lock", "a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        """The directory's lock ``name``, across processes and threads; yields False if not
+        ``blocking`` and another holder has it. Each name is a lock of its own: upkeep's long
+        locks never stand in the way of ``sync``."""
+        with self._locks_guard:
+            lock = self._thread_locks.setdefault(name, threading.RLock())
+        if not lock.acquire(blocking=blocking):
+            yield False
+            return
+        try:
+            with open(self.dir / f"{name}.lock", "a") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    yield False
+                    return
+                try:
+                    yield True
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+        finally:
+            lock.release()
 
     def refresh(self) -> View:
-        """The current view, reloaded first if another process published a new state."""
+        """The current view, reloaded first if another process or thread published a new state."""
         if self._stamp() != self._state_stamp:
-            with self._lock:
+            with self._load_lock:
                 if self._stamp() != self._state_stamp:
                     self.view = self._load()
         return self.view
+
+    def _fit(self, name: str) -> Arenas:
+        """The arenas of the fit ``name`` (kept mapped while it stays the published one)."""
+        if self._arenas is None or self._arenas.fit.name != name:
+            self._arenas = Arenas(self.dir / name, Fit.load(self.dir / name), self.words)
+        return self._arenas
 
     def _load(self) -> View:
         while True:
             stamp = self._stamp()
             state = self._read_state()
-            gen = state.get("generation")
+            lists = state.get("lists")
             try:
-                generation = Generation.load(self.dir / gen) if gen else None
+                arenas = self._fit(lists["fit"]) if lists else None
+                list_bundle, post_bundle = segments.bundles(arenas, lists, state["rows"], self.words)
                 break
             except FileNotFoundError:
-                # Another process published a newer generation and removed this one between
-                # our reading the state and opening its files: the state has moved on, read it
-                # again. (Unchanged, the state names a generation that is not there: a fault.)
+                # Another process published a newer fit and removed this one between our reading
+                # the state and opening its files: the state has moved on, read it again.
+                # Unchanged, the state names a fit that is not there (a checkpoint older than the
+                # fit's replacement, after the machine restarted): no lists, until upkeep makes some.
                 if self._stamp() == stamp:
-                    raise
+                    arenas = lists = None
+                    list_bundle, post_bundle = segments.bundles(None, None, state["rows"], self.words)
+                    break
         n = state["rows"]
         voff, vdata = self._vectors.views(n)
         coff, cdata = self._coarse.views(n)
+        alive, norms, planes, first = (self._alive.rows(n), self._norms.rows(n), self._planes.rows(n),
+                                       self._first.rows(n))
+        vi, vf = vdata.view(np.int32), vdata.view(np.float32)
+        row_bundle = Rows(frozen(alive), frozen(norms), frozen(self._norms32.rows(n)), frozen(planes), frozen(first),
+                          frozen(voff), frozen(vi), frozen(vf), frozen(coff), frozen(cdata), self.config.dim)
         self._state_stamp = stamp
         return View(
-            rows=n, live=state["live"], token=tuple(state["token"]) if state["token"] is not None else None,
-            iid=self._iid.rows(n), alive=self._alive.rows(n), norms=self._norms.rows(n),
-            planes=self._planes.rows(n), first=self._first.rows(n), voff=voff,
-            vi=vdata.view(np.int32), vf=vdata.view(np.float32), coff=coff, cdata=cdata,
+            rows=n, live=state["live"], dim=self.config.dim,
+            token=tuple(state["token"]) if state["token"] is not None else None,
+            iid=self._iid.rows(n), alive=alive, norms=norms, planes=planes, first=first, voff=voff, vi=vi, vf=vf,
             names=self._names.views(n), meta=self._meta.views(n),
             nrff=self._nrff.rows(n) if self._nrff is not None else None,
-            rowof=self._rowof.whole(),
-            generation=generation,
+            rowof=self._rowof.whole(), row_bundle=row_bundle, lists=list_bundle, postings=post_bundle,
+            fit=arenas.fit if arenas is not None else None,
+            segments=tuple(lists["segments"]) if lists else (), garbage=lists.get("garbage", 0) if lists else 0,
             search=SearchParams.from_dict(state["search"]) if state.get("search") else
             SearchParams(rank_bits=min(RANK_BITS_MAX, self.config.bits)),
-            tuned_rows=state.get("tuned_rows", 0),
+            tuned_rows=state.get("tuned_rows", 0), tuned_lists=state.get("tuned_lists", 0),
             tuned_on_queries=state.get("tuned_on_queries", False),
         )
 
@@ -234,13 +361,12 @@ class Mirror:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
                 rows = self._append(store, changes.added, state["rows"])
                 retired = self._retire(changes.retired, rows)
-                for col in (self._iid, self._alive, self._norms, self._planes, self._first, self._rowof, self._vectors,
-                            self._coarse, self._names, self._meta, *((self._nrff,) if self._nrff else ())):
-                    col.fsync()
                 state.update(rows=rows, token=list(changes.token),
                              live=state["live"] + rows - state["rows"] - retired)
                 self._write_state(state)
-            self.view = self._load()
+                self.written = True
+            with self._load_lock:
+                self.view = self._load()
         return self.view
 
     def _reset(self) -> dict:
@@ -253,6 +379,7 @@ class Mirror:
             else:
                 path.unlink()
         self._open_columns()
+        self._arenas = None
         return self._read_state()
 
     def _append(self, store: Store, iids: np.ndarray, rows: int) -> int:
@@ -268,11 +395,12 @@ class Mirror:
             m = len(keep)
             new_iids = part[keep]
             sk = np.frombuffer(b"".join(rec["sketch"][i] for i in keep), np.uint8).reshape(m, -1)
-            norms, payloads = self._payloads([rec["vector"][i] for i in keep])
+            norms, payloads = stored_payloads([rec["vector"][i] for i in keep], cfg)
             end = rows + m
             self._iid.write(rows, new_iids)
             self._alive.write(rows, np.ones(m, np.uint8))
             self._norms.write(rows, norms)
+            self._norms32.write(rows, norms.astype(np.float32))
             planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
             self._planes.write(rows, planes)
             self._first.write(rows, first_rows(planes, self.words, cfg.bits))
@@ -295,27 +423,7 @@ class Mirror:
         sizes = coarse_sizes(voff, vi, lo, hi)
         data = np.empty(int(sizes.sum()), np.uint8)
         coarse_encode(voff, vi, vdata.view(np.float32), self._norms.rows(hi), lo, hi, data)
-        self._coarse.append(lo, np.split(data, np.cumsum(sizes)[:-1]))
-
-    def _payloads(self, blobs: list[bytes]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(norms, the words each row keeps: count, kind, values) of stored vector blobs."""
-        center = self.config.center
-        if center is None:  # the blob after its norm, as it is
-            return (np.frombuffer(b"".join([b[:8] for b in blobs]), "<f8"),
-                    [np.frombuffer(b, np.uint32, offset=8) for b in blobs])
-        norms, payloads = np.empty(len(blobs)), []
-        for t, blob in enumerate(blobs):
-            norms[t], _, idx, val = decode_vector(blob)
-            dense = np.zeros(self.config.dim, np.float64)
-            if idx is None:
-                dense[:] = val
-            else:
-                dense[idx] = val
-            out = np.empty(self.config.dim + 2, np.uint32)
-            out[0], out[1] = self.config.dim, DENSE
-            out[2:].view(np.float32)[:] = dense - np.asarray(center)
-            payloads.append(out)
-        return norms, payloads
+        self._coarse.append_flat(lo, data, sizes)
 
     def _retire(self, iids: np.ndarray, rows: int) -> int:
         """Clear the live flag of these iids' rows; returns how many were live."""
@@ -331,36 +439,44 @@ class Mirror:
         return was
 
     # --- derived structures -----------------------------------------------------------------
-    def publish(self, *, generation: str | None = None, search: SearchParams | None = None,
-                tuned_rows: int | None = None, tuned_on_queries: bool | None = None) -> View:
-        """Record a new generation directory and/or tuned search parameters in the state."""
+    def publish(self, change: Callable[[dict], None]) -> View:
+        """Apply ``change`` to the state under the ``sync`` lock and publish it (``change`` raises
+        :class:`Stale` to publish nothing); returns the new view."""
         with self.locked():
             state = self._read_state()
-            old = state.get("generation")
-            if generation is not None:
-                state["generation"] = generation
-            if search is not None:
-                state["search"] = search.to_dict()
-            if tuned_rows is not None:
-                state["tuned_rows"] = tuned_rows
-            if tuned_on_queries is not None:
-                state["tuned_on_queries"] = tuned_on_queries
+            old = (state.get("lists") or {}).get("fit")
+            change(state)
             self._write_state(state)
-            self.view = self._load()
-        if generation is not None and old and old != generation:
-            shutil.rmtree(self.dir / old, ignore_errors=True)  # mapped elsewhere: stays readable there
+            self.written = True
+            with self._load_lock:
+                self.view = self._load()
+        new = (state.get("lists") or {}).get("fit")
+        if old and old != new:
+            segments.remove_fit(self.dir / old)  # mapped elsewhere: stays readable there
         return self.view
+
+    def reserve(self, fit: str, sizes: dict[str, int]) -> dict[str, int]:
+        """Room for ``sizes`` values at the ends of the published fit's arenas: their offsets.
+        Raises :class:`Stale` when ``fit`` is no longer the published fit."""
+        out: dict[str, int] = {}
+
+        def take(state: dict) -> None:
+            lists = state.get("lists")
+            if not lists or lists["fit"] != fit:
+                raise Stale(f"{fit} is no longer the published fit")
+            for name, size in sizes.items():
+                out[name] = lists["ends"].get(name, 0)
+                lists["ends"][name] = out[name] + int(size)
+
+        self.publish(take)
+        return out
 
     def populate(self) -> float:
         """Map the columns a query reads into this process ahead of the queries (one worker's
         first queries would otherwise each take page faults); returns the seconds it took."""
         t0 = time.perf_counter()
         view = self.refresh()
-        hot = [view.alive, view.norms, view.planes, view.first, view.voff, view.vf, view.coff, view.cdata]
-        if view.generation is not None:
-            g = view.generation
-            hot += [g.profiles, g.starts, g.lrows, g.lfirst, g.lplanes, g.head_bytes, g.head_nibbles, g.norms32,
-                    g.post_starts, g.post_rows, g.post_vals]
+        hot = list(view.row_bundle[:-1]) + list(view.lists[:6]) + list(view.postings[1:7])
         for array in hot:
             populate(array)
         return time.perf_counter() - t0

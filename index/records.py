@@ -251,9 +251,41 @@ def decode_vector(blob: bytes) -> tuple[float, int, np.ndarray | None, np.ndarra
     return float(head["norm"]), kind, idx, np.frombuffer(blob, "<f4", count, _HEAD.itemsize + 4 * count)
 
 
-def payload(blob: bytes) -> memoryview:
-    """The blob after its norm: the words a search mirror keeps (``count``, ``kind``, values)."""
-    return memoryview(blob)[8:]
+def stored_payloads(blobs: list[bytes], config: IndexConfig) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(norms, the uint32 words each row keeps in a search mirror: ``count``, ``kind``, values) of
+    stored vector blobs, as GMM sees them: the blob after its norm, or, where the index has a
+    centre, the centred vector, dense."""
+    center = config.center
+    if center is None:
+        return (np.frombuffer(b"".join([b[:8] for b in blobs]), "<f8"),
+                [np.frombuffer(b, np.uint32, offset=8) for b in blobs])
+    norms, payloads = np.empty(len(blobs)), []
+    for t, blob in enumerate(blobs):
+        norms[t], _, idx, val = decode_vector(blob)
+        dense = np.zeros(config.dim, np.float64)
+        if idx is None:
+            dense[:] = val
+        else:
+            dense[idx] = val
+        out = np.empty(config.dim + 2, np.uint32)
+        out[0], out[1] = config.dim, DENSE
+        out[2:].view(np.float32)[:] = dense - np.asarray(center)
+        payloads.append(out)
+    return norms, payloads
+
+
+def mirror_row(voff: np.ndarray, vi: np.ndarray, vf: np.ndarray, row: int, dim: int) -> np.ndarray:
+    """Mirror row ``row`` of the vectors column (the words :func:`stored_payloads` wrote) as a
+    dense float64 vector of ``dim`` values: the one place Python reads that layout (the
+    kernels' is :func:`gmmlsh.core.search.row_gmm`)."""
+    off = int(voff[row])
+    count, kind = int(vi[off]), int(vi[off + 1])
+    dense = np.zeros(dim)
+    if kind == DENSE:
+        dense[:] = vf[off + 2:off + 2 + count]
+    else:
+        dense[vi[off + 2:off + 2 + count]] = vf[off + 2 + count:off + 2 + 2 * count]
+    return dense
 
 
 def as_given(ext_id: str, blob: bytes, dim: int, meta: bytes | None) -> StoredVector:

@@ -25,13 +25,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
+import numba
+import numpy as np
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import Receive, Scope, Send
 
 from gmmlsh.index.index import Index
 from gmmlsh.service.collections import CollectionManager
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
+from gmmlsh.service.hot import HotPath
+from gmmlsh.service.lane import QueryLane
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
 from gmmlsh.service.opening import IndexOpenError, open_index
@@ -50,21 +55,58 @@ is 422 and changes nothing. When the server has an API key, send it as `X-API-Ke
 """
 
 
-def _warm(index: Index) -> None:
+def _warm(index: Index, state) -> None:
     """Bring this machine's search mirror up to date with the store (a fresh Redis replica, or
-    an index written since the mirror was last used, has rows to copy) and map it into this
-    worker, in the background so the server answers meanwhile; a query arriving first syncs
-    what it needs itself."""
+    an index written since the mirror was last used, has rows to copy), map it into this worker,
+    and run the query paths the routes take once, so that their kernels are compiled (or loaded
+    from numba's cache) before ``/health`` says ready — in the background: the server answers
+    meanwhile (``/health`` 503 ``starting``; a query arriving first compiles what it needs itself)."""
     t0 = time.perf_counter()
     try:
         view = index.warm()
+        log.info("search mirror up to date and mapped: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        if warm_queries(index):
+            log.info("query kernels ready in %.1f s", time.perf_counter() - t1)
     except Exception as exc:  # noqa: BLE001 - the first query retries; the server must start
-        log.warning("search mirror not brought up to date at start: %s", exc)
-        return
-    log.info("search mirror up to date and mapped: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
+        log.warning("not warmed up at start: %s", exc)
+    state.ready = True
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def warm_queries(index: Index) -> bool:
+    """A query by id, and a stored vector queried as the query lane runs it (serial kernels; a
+    dense one as a batch of two), so that numba compiles or loads the kernels a served query runs.
+    False on an empty index (nothing to query: the first insert compiles). The vectors join the
+    index's sample of served queries (2 of the 256 it keeps for re-tuning)."""
+    rows, _ = index.scroll(limit=1)
+    if not rows:
+        return False
+    numba.set_num_threads(1)
+    index.query(id=rows[0][0], k=1)
+    stored = index.get(rows[0][0])
+    if stored.indices is not None:
+        index.query((stored.indices, stored.values), k=1)
+    else:
+        index.query_batch(np.stack([stored.values, stored.values]), k=1)
+    return True
+
+
+class App(FastAPI):
+    """FastAPI, with the hot routes answered before its stack (:mod:`gmmlsh.service.hot`)."""
+
+    hot: HotPath
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            matched = self.hot.match(scope)
+            if matched is not None:
+                scope["app"] = self
+                await self.hot.serve(*matched, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> App:
     """Build the app. ``settings=None`` reads them from the environment (``GMMLSH_*``)."""
     settings = settings or Settings()
     metrics = Metrics()
@@ -87,8 +129,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         problem = await run_in_threadpool(index.write_problem)
         if problem:  # reads are served; writes answer 503/507 until it is fixed (and /health says so)
             log.warning("writes will be refused: %s", settings.scrub(problem))
-        threading.Thread(target=_warm, args=(index,), name="gmmlsh-warm", daemon=True).start()
+        app.state.ready = False
+        threading.Thread(target=_warm, args=(index, app.state), name="gmmlsh-warm", daemon=True).start()
         app.state.collections = await run_in_threadpool(CollectionManager, settings, index)
+        app.state.lane = QueryLane()
+        app.state.lane.start()
         app.state.index = index
         metrics.bind_index(index.count)
         # Everything made so far lives as long as the worker: out of the garbage collector's
@@ -101,10 +146,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             metrics.bind_index(None)
             app.state.index = None
+            await run_in_threadpool(app.state.lane.stop)
             await run_in_threadpool(app.state.collections.close)
             await run_in_threadpool(index.close)
 
-    app = FastAPI(
+    app = App(
         title="gmmlsh",
         version=_version(),
         description=DESCRIPTION,
@@ -133,6 +179,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=metrics, collection=settings.collection)
 
     _add_body_schemas(app)
+    app.hot = HotPath(app)
     return app
 
 

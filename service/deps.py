@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request, Security
 from fastapi.security import APIKeyHeader
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 
 from gmmlsh.index.index import Index
 from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
@@ -29,25 +30,41 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+class held_index:  # noqa: N801 - used as a function: ``async with held_index(request) as index``
+    """The index of collection ``collection`` (default: the request's path parameter, else the
+    server's ``GMMLSH_COLLECTION``, by default the index itself), held while the block runs.
+    (A class, not a generator: entered on every query, it costs a fifth as much.)"""
+
+    __slots__ = ("request", "collection", "held")
+
+    def __init__(self, request: Request, collection: str | None = None) -> None:
+        self.request = request
+        self.collection = collection
+        self.held: Index | None = None
+
+    async def __aenter__(self) -> Index:
+        state = self.request.app.state
+        index = getattr(state, "index", None)
+        if index is None:  # only if a request slips in before the lifespan ran
+            raise ApiError(503, "the index is not open yet")
+        name = self.collection or self.request.path_params.get("collection") or state.settings.collection
+        if name == DEFAULT_COLLECTION:
+            return index
+        if not NAME_RE.match(name):  # also checked as a path parameter, which FastAPI reports after this ran
+            raise ApiError(422, "a collection name is 1-48 letters, digits, '_' or '-', starting with a letter "
+                           "or digit", field="collection")
+        self.held = await run_in_threadpool(state.collections.acquire, name)
+        return self.held
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.held is not None:
+            self.request.app.state.collections.release(self.held)
+
+
 async def get_index(request: Request) -> AsyncIterator[Index]:
-    """The index of the request's collection: ``/collections/{collection}/…``, else the
-    server's (``GMMLSH_COLLECTION``, by default the index itself), held for the request."""
-    index = getattr(request.app.state, "index", None)
-    if index is None:  # only if a request slips in before the lifespan ran
-        raise ApiError(503, "the index is not open yet")
-    name = request.path_params.get("collection") or request.app.state.settings.collection
-    if name == DEFAULT_COLLECTION:
+    """:func:`held_index` as a dependency: held for the request."""
+    async with held_index(request) as index:
         yield index
-        return
-    if not NAME_RE.match(name):  # also checked as a path parameter, which FastAPI reports after this ran
-        raise ApiError(422, "a collection name is 1-48 letters, digits, '_' or '-', starting with a letter or digit",
-                       field="collection")
-    manager = request.app.state.collections
-    held = await run_in_threadpool(manager.acquire, name)
-    try:
-        yield held
-    finally:
-        manager.release(held)
 
 
 async def collection_path(collection: Annotated[str, Path(
@@ -68,17 +85,25 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
 async def require_api_key(request: Request, key: str | None = Security(_api_key_scheme)) -> None:
-    """401 unless the configured key is presented; a no-op when no key is configured.
+    """:func:`check_api_key` as a dependency (it declares the key for the OpenAPI document)."""
+    check_api_key(request.app.state.settings, request.headers, key)
+
+
+def check_api_key(settings: Settings, headers: Headers, key: str | None = None) -> None:
+    """401 unless the configured key is presented (``X-API-Key``, or ``Authorization: Bearer``);
+    a no-op when no key is configured.
 
     ``hmac.compare_digest`` keeps the comparison time independent of where the
     strings differ, so the key cannot be guessed byte by byte from timings; both
     sides are SHA-256 digests first, so not even the key's length shows.
     """
-    expected = request.app.state.settings.api_key
+    expected = settings.api_key
     if expected is None:
         return
     if key is None:
-        auth = request.headers.get("authorization", "")
+        key = headers.get(API_KEY_HEADER)
+    if key is None:
+        auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             key = auth[7:].strip()
     ok = key is not None and hmac.compare_digest(

@@ -33,7 +33,7 @@ log = logging.getLogger("gmmlsh.service")
 #: At most this many problems are listed in ``details`` (the first one is ``field``).
 MAX_DETAILS = 20
 
-_CODES = {
+CODES = {
     400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
@@ -42,8 +42,10 @@ _CODES = {
     408: "timeout",
     409: "conflict",
     413: "too_large",
+    414: "uri_too_long",
     415: "unsupported_media_type",
     422: "invalid_request",
+    431: "headers_too_large",
     500: "internal_error",
     503: "unavailable",
     507: "storage_full",
@@ -73,7 +75,7 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.field = field
-        self.code = code or _CODES.get(status, "error")
+        self.code = code or CODES.get(status, "error")
         self.headers = headers
 
 
@@ -82,7 +84,7 @@ def error_response(status: int, message: str, *, field: str | None = None,
                    headers: dict[str, str] | None = None) -> Response:
     body: dict[str, Any] = {
         "status": status,
-        "code": code or _CODES.get(status, "error"),
+        "code": code or CODES.get(status, "error"),
         "field": field,
         "message": message,
     }

@@ -80,9 +80,24 @@ class Metrics:
         self.deleted = Counter(
             "gmmlsh_vectors_deleted", "vectors deleted through the API", registry=self.registry,
         )
+        self._children: dict[tuple[str, str, int], tuple] = {}
         self._count: Callable[[], int] | None = None
         if not self.multiprocess:
             self.registry.register(_IndexCollector(self._live_count))
+
+    def observe_request(self, method: str, route: str, status: int, collection: str, seconds: float) -> None:
+        """Count one answered request and its time, by route template and collection (the
+        labelled children are made once per key: ``labels()`` costs more than the update). A 401
+        or 404 counts under collection ``-``: it may name one that does not exist (any name could
+        be sent), and only collections that exist may become labels."""
+        key = (method, route, status, collection)
+        children = self._children.get(key)
+        if children is None:
+            label = "-" if status in (401, 404) or not NAME_RE.match(collection) else collection
+            children = self._children[key] = (self.requests.labels(method, route, str(status), label),
+                                              self.latency.labels(method, route, label))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def bind_index(self, count: Callable[[], int] | None) -> None:
         self._count = count
@@ -109,9 +124,7 @@ class MetricsMiddleware:
     """Counts and times every request by route *template* (``/vectors/{id}``, not the id:
     label values must stay few; a route under ``/collections/{collection}`` shows as the route
     it mounts, ``/vectors``) and collection: the ``{collection}`` of the path, else the
-    server's own (``GMMLSH_COLLECTION``, by default ``default``). A 401 or 404 counts under
-    ``-`` (it may name a collection that does not exist: any name could be sent), so that only
-    collections that exist become labels."""
+    server's own (``GMMLSH_COLLECTION``, by default ``default``)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, collection: str = DEFAULT_COLLECTION):
         self.app = app
@@ -136,9 +149,6 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             path = getattr(route, "path_format", None) or getattr(route, "path", None) or "<unmatched>"
-            method = scope.get("method", "")
             collection = (scope.get("path_params") or {}).get("collection") or self.collection
-            if status in (401, 404) or not NAME_RE.match(collection):
-                collection = "-"
-            self.metrics.requests.labels(method, path, str(status), collection).inc()
-            self.metrics.latency.labels(method, path, collection).observe(time.perf_counter() - start)
+            self.metrics.observe_request(scope.get("method", ""), path, status, collection,
+                                         time.perf_counter() - start)

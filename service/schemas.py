@@ -29,11 +29,15 @@ from pydantic import (
 )
 
 from gmmlsh.index.config import CREATION_FIELDS, MAX_SCROLL_LIMIT, IndexConfig, describe
-from gmmlsh.index.search import MODES
+from gmmlsh.index.search import MODE_ALIASES, MODES
 from gmmlsh.index.store.base import MAX_ID_BYTES
 from gmmlsh.index.store.registry import NAME_RE
 
-Mode = Literal[MODES]
+#: A mode a query may ask for (``lsh``: ``auto``'s former name), and the searches an answer names.
+Mode = Literal[(*MODES, *MODE_ALIASES)]
+AnswerMode = Literal[tuple(m for m in MODES if m != "auto")]
+MODE_HELP = ("auto (default: the search the index tuned for itself), sketch (inverted lists over the sketches), "
+             "postings (sparse rows through postings), exact (brute force) or nrff (RBF features); lsh: auto")
 
 
 def _as_id(v: Any) -> Any:
@@ -134,14 +138,29 @@ class QueryParams(_Strict):
     """Knobs shared by every query; in a batch, per-query values override the batch's."""
 
     k: int | None = Field(None, ge=1, description="neighbours (default: default_k)")
-    mode: Mode | None = Field(None, description="lsh (default: the tuned search), exact (brute force), nrff, or "
-                                                "postings (sparse rows through postings)")
+    mode: Mode | None = Field(None, description=MODE_HELP)
     min_similarity: float | None = Field(None, ge=0.0, le=1.0)
     candidates: int | None = Field(None, ge=1,
-                                   description="rerank budget: rows reranked by GMM (postings: exactly; lsh: on "
+                                   description="rerank budget: rows reranked by GMM (postings: exactly; sketch: on "
                                    "coarse copies, the best k + max(k, 10) exactly)")
-    probes: int | None = Field(None, ge=0, description="inverted lists scanned (lsh mode; 0: all)")
+    probes: int | None = Field(None, ge=0, description="inverted lists scanned (sketch search; 0: all)")
     filter: dict[str, Any] | None = Field(None, description=FILTER_HELP)
+
+
+class UrlParams(QueryParams):
+    """The knobs as query-string parameters: text, converted (``k=10``); ``filter`` is JSON text;
+    unknown parameters are ignored (a cache-buster must not fail a request)."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+    filter: str | None = Field(None, description="a metadata filter as JSON (see POST /neighbors/search)")
+
+
+class NeighborsParams(UrlParams):
+    """``GET /neighbors``: exactly one of ``id`` or ``vector``, and the knobs."""
+
+    id: Id | None = Field(None, description="id of a stored vector (left out of its own neighbours)")
+    vector: str | None = Field(None, description="dense query, comma-separated numbers: 0.1,0,-2.5,...")
 
 
 class SearchQuery(QueryParams):
@@ -170,7 +189,7 @@ class NeighborOut(BaseModel):
 
 
 class NeighborsResponse(BaseModel):
-    mode: Mode
+    mode: AnswerMode = Field(description="the search that answered")
     k: int
     candidates: int = Field(description="vectors scored exactly for this query")
     neighbors: list[NeighborOut]

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     import uvicorn
 
 APP = "gmmlsh.service.app:create_app"
+#: uvicorn's httptools protocol with a bounded request head (see the module).
+HTTP_PROTOCOL = "gmmlsh.service.protocol:BoundedHttpToolsProtocol"
 
 
 def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None,
@@ -60,6 +62,7 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
     try:
         options = dict(
             factory=True,
+            http=HTTP_PROTOCOL,
             host=settings.host,
             port=settings.port,
             workers=settings.workers,

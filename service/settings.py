@@ -17,6 +17,7 @@ short vector would fix it for good). Search parameters (``candidates``, ``probes
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated, get_type_hints
 
 from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
@@ -67,7 +68,7 @@ class Settings(_creation_settings()):
     # --- search parameters (unset: what the index tuned for itself) ------------------------
     candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES,
                                    description="rerank budget: rows reranked by GMM per query (postings: "
-                                   "exactly; lsh: on coarse copies, the best k + max(k, 10) exactly)")
+                                   "exactly; sketch: on coarse copies, the best k + max(k, 10) exactly)")
     probes: int | None = Field(None, ge=0, description="inverted lists scanned per query (0: all)")
     shortlist: int | None = Field(None, ge=1, description="rows ranked on every sample per query")
     rank_bits: int | None = Field(None, ge=1, le=RANK_BITS_MAX, description="bits per code in that ranking")
@@ -177,6 +178,12 @@ class Settings(_creation_settings()):
     @property
     def backend(self) -> str:
         return "redis" if self.redis_url else "lmdb"
+
+    @property
+    def batch_threads(self) -> int:
+        """numba threads for one request's batch of queries: the machine's cores shared among
+        the workers (more only makes the workers' parallel kernels wait on each other)."""
+        return max(1, (os.cpu_count() or 1) // self.workers)
 
     @property
     def max_readers(self) -> int:

@@ -28,6 +28,7 @@ import scipy.sparse as sp
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 
 from gmmlsh.core.validate import VectorError
+from gmmlsh.index import tuner
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.ingest.build import build, invalid_rows
@@ -80,7 +81,7 @@ def snapshot(location: str, **kw) -> dict[str, bytes]:
         return out
 
 
-def answers(location: str, queries, ids=(), k: int = 10, modes=("lsh", "exact"), **kw) -> list:
+def answers(location: str, queries, ids=(), k: int = 10, modes=("auto", "exact"), **kw) -> list:
     """(id, similarity) lists of queries by vector and by stored id in each of ``modes``, under :data:`FIXED`."""
     out = []
     with Index.open(location, None, create=False, maintain=False, search=FIXED, **kw) as ix:
@@ -305,12 +306,12 @@ def test_build_tunes_on_sample_queries_refusing_bad_ones_before_writing(tmp_path
     one the index could not take, stop the command before it creates anything."""
     X, Q = fmnist[0][:2000], fmnist[2][:150].astype(np.float32)
     bad = Q.copy()
-    bad[140, 3] = np.nan
+    bad[100, 3] = np.nan
     np.save(tmp_path / "x.npy", X)
     np.savez(tmp_path / "q.npz", few=Q[:10], bad=bad, queries=Q)
     idx = tmp_path / "idx"
     for key, says in (("few", "10 rows: tuning needs at least 128 sample queries"),
-                      ("bad", "queries[140]: values must be finite")):
+                      ("bad", "queries[100]: values must be finite")):
         code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--tune-queries", tmp_path / "q.npz",
                            "--tune-queries-key", key, "--no-progress")
         assert code == 2 and f"--tune-queries {tmp_path / 'q.npz'}: " in err and says in err, err
@@ -319,9 +320,10 @@ def test_build_tunes_on_sample_queries_refusing_bad_ones_before_writing(tmp_path
                          "--tune-queries-key", "queries", "--no-progress", "--json")
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["upkeep"]["tuned"]["sample"] == "150 queries" and summary["search"]["tuned_on"] == "queries"
+    assert summary["upkeep"]["tune"][-1]["sample"] == f"{tuner.MAX_QUERIES} queries"  # the first of the 150
+    assert summary["search"]["tuned_on"] == "queries"
     with Index.open(str(idx), None, create=False, maintain=False) as ix:  # the Python API: the same check
-        with pytest.raises(VectorError, match=r"queries\[140\]"):
+        with pytest.raises(VectorError, match=r"queries\[100\]"):
             ix.maintain(queries=bad)
         assert ix.stats()["search"] == summary["search"]
 
@@ -352,7 +354,7 @@ def test_ids_file_inline_vector_info_and_tuned_search(tmp_path, fm, capsys):
     assert code == 0 and json.loads(out)["neighbors"][0] == {"id": "img-5", "similarity": 1.0, "metadata": None}
     code, out, _ = cli(capsys, "query", "--index", idx, "--id", "img-5", "-k", "3", "--probes", "1",
                        "--candidates", "20", "--json")
-    assert code == 0 and json.loads(out)["mode"] == "lsh" and len(json.loads(out)["neighbors"]) == 3
+    assert code == 0 and json.loads(out)["mode"] in ("sketch", "exact") and len(json.loads(out)["neighbors"]) == 3
     code, _, err = cli(capsys, "query", "--index", idx, "--vector", "1,2,3")
     assert code == 2 and "expected 784 values" in err
     # an .npz of several arrays: --npz-key picks one, --row a row of it
@@ -480,10 +482,10 @@ def test_libsvm_with_55000_plus_features_builds_and_answers(tmp_path, capsys):
     with Index.open(str(idx), None, create=False) as ix:
         dim = ix.config.dim
         assert dim >= 55000 and ix.get("3").indices is not None  # given sparse, stored sparse
-        chosen = "exact" if ix.stats()["search"]["exact"] else "lsh"
+        chosen = "exact" if ix.stats()["search"]["exact"] else "sketch"
     # a vector from the file finds itself first, exactly: by the index's own choice (on 2,000 rows
     # of 60,000 dimensions brute force is cheaper than sketching the query), and through the lists
-    for knobs, mode in (((), chosen), (("--candidates", "50"), "lsh")):
+    for knobs, mode in (((), chosen), (("--candidates", "50"), "sketch")):
         code, out, err = cli(capsys, "query", "--index", idx, "--vector-file", tmp_path / "wide.libsvm", "--row",
                              "123", "-k", "3", "--json", *knobs)
         assert code == 0, err
@@ -561,7 +563,7 @@ def test_interrupted_build_then_rerun_equals_uninterrupted(big_input, tmp_path, 
     tenth = [a[-1][1] for a in exact]
     recalls, found = [], []
     for location, options in ((loc, kw), (ref_loc, ref_kw)):
-        lsh = answers(location, Q, ids=ids, modes=("lsh",), **options)
+        lsh = answers(location, Q, ids=ids, modes=("auto",), **options)
         recalls.append(np.mean([sum(sim >= t - 1e-12 for _, sim in a) / 10 for a, t in zip(lsh, tenth, strict=True)]))
         found.append([{i for i, _ in a} for a in lsh])
     shared = np.mean([len(a & b) / 10 for a, b in zip(*found, strict=True)])

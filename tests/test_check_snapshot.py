@@ -267,7 +267,7 @@ def test_snapshot_is_consistent_restorable_and_answers_identically(tmp_path, cap
         ix.upsert(["later"], _data(2)[:1])
         Q = _data(3)[:10]
         want = [[(n.id, n.similarity) for n in ix.query(q, k=5, mode=m).neighbors]
-                for q in Q for m in ("lsh", "exact")]
+                for q in Q for m in ("auto", "exact")]
         want_get = ix.get("v3")
     snap = tmp_path / "snap"
     # the store is copied; the mirror (derived) is rebuilt on first use
@@ -283,7 +283,7 @@ def test_snapshot_is_consistent_restorable_and_answers_identically(tmp_path, cap
         assert got.metadata == want_get.metadata
         ix.upsert(["later"], _data(2)[:1])  # the restored index is writable and whole again
         got = [[(n.id, n.similarity) for n in ix.query(q, k=5, mode=m).neighbors]
-               for q in Q for m in ("lsh", "exact")]
+               for q in Q for m in ("auto", "exact")]
     assert got == want
 
 

@@ -175,7 +175,7 @@ def test_query_by_id_and_by_vector(client, loaded):
     assert_pairs(pairs(r_dense), exact_top(loaded, q, 4))
 
     r = client.query(id="d3", k=3)  # the server's default mode
-    assert r.mode in ("lsh", "exact") and len(r.neighbors) == 3 and "d3" not in [n.id for n in r.neighbors]
+    assert r.mode in ("sketch", "exact") and len(r.neighbors) == 3 and "d3" not in [n.id for n in r.neighbors]
     sims = [n.similarity for n in r.neighbors]
     assert sims == sorted(sims, reverse=True)
     r = client.query(id="d3", k=50, mode="exact", min_similarity=0.99)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from gmmlsh.core.bundles import SEG_FIELDS, Budget, Lists, Query, Rows, frozen
 from gmmlsh.core.coarse import LEVELS, coarse_encode, coarse_gmm, coarse_sizes
 from gmmlsh.core.codes import agreement, bbit_codes, bit_planes, plane_words
 from gmmlsh.core.gcws import sketch
@@ -154,6 +155,21 @@ def _mirror_rows(X32):
     return voff, vi, vf, norms, coff, cdata
 
 
+def _rows(X32, planes=None, first=None, alive=None) -> Rows:
+    """A :class:`Rows` bundle of ``X32`` laid out by :func:`_mirror_rows`."""
+    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
+    n = X32.shape[0]
+    planes = np.zeros((n, 1), np.uint64) if planes is None else planes
+    first = np.zeros((n, FIRST_WORDS), np.uint64) if first is None else first
+    alive = np.ones(n, np.uint8) if alive is None else alive
+    return Rows(*(frozen(np.ascontiguousarray(a)) for a in (alive, norms, norms.astype(np.float32), planes, first,
+                                                              voff, vi, vf, coff, cdata)), X32.shape[1])
+
+
+def _query(qp, qf, q, exclude=-1) -> Query:
+    return Query(qp, qf, np.asarray(q, np.float64), float(np.abs(q).sum()), exclude)
+
+
 def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
     rng = np.random.default_rng(4)
     X = rng.normal(size=(40, 30))
@@ -171,7 +187,7 @@ def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
     alive = np.ones(40, np.uint8)
     alive[5] = 0
     out = np.empty(40)
-    exact_serial(q, qn, 7, alive, voff, vi, vf, norms, 40, out)
+    exact_serial(q, qn, 7, _rows(X32, alive=alive), 40, out)
     assert out[5] == -1 and out[7] == -1
     np.testing.assert_allclose(np.delete(out, [5, 7]), np.delete(want, [5, 7]), rtol=1e-12)
 
@@ -220,16 +236,34 @@ def test_coarse_gmm_stays_a_similarity_where_rounding_adds_to_a_row():
     assert gmm(q, row.astype(np.float64)) < got <= 1.0
 
 
-def _lists(first, planes, listed, nlist, words, bits):
-    """A generation's lists over rows ``[0, listed)`` as the search kernel reads them: k-modes of
-    the first-stage rows, profiles of those lists, every row in the list of its best profile."""
-    rows = np.arange(listed)
-    P = profiles(planes, rows, assign(first[:listed], kmodes(first[:listed], nlist, seed=0)), nlist, words, bits)
-    labels = assign_profiles(planes, rows, P, words, bits)
-    order = np.argsort(labels, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=nlist))]).astype(np.int64)
-    return (P, starts, order.astype(np.uint32), list_layout(first[order], starts),
-            np.ascontiguousarray(planes[order][:, :4 * words]))
+def _lists(first, planes, cuts, nlist, words, bits, rows) -> Lists:
+    """Lists as the search kernel reads them: k-modes of the first-stage rows of ``[0, cuts[-1])``,
+    profiles of those lists, and segments of the rows between consecutive ``cuts`` (every row in
+    the list of its best profile), one after another in the arenas; rows ``[cuts[-1], rows)``: the tail."""
+    listed = cuts[-1]
+    P = profiles(planes, np.arange(listed), assign(first[:listed], kmodes(first[:listed], nlist, seed=0)), nlist,
+                 words, bits)
+    segs, lstarts, lrows, lfirst, lplanes = [], [], [], [], []
+    e = 0
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        labels = assign_profiles(planes, np.arange(lo, hi), P, words, bits)
+        order = lo + np.argsort(labels, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=nlist))]).astype(np.int64)
+        row = np.zeros(SEG_FIELDS, np.int64)
+        row[:5] = lo, hi, e, e + order.shape[0], len(lstarts) * (nlist + 1)
+        segs.append(row)
+        lstarts.append(e + starts)
+        lrows.append(order.astype(np.uint32))
+        lfirst.append(list_layout(first[order], starts))
+        lplanes.append(planes[order][:, :min(4, bits) * words])
+        e += order.shape[0]
+    return Lists(frozen(P), frozen(np.array(segs).reshape(-1, SEG_FIELDS)), frozen(np.concatenate(lstarts)),
+                 frozen(np.concatenate(lrows)), frozen(np.concatenate(lfirst)),
+                 frozen(np.ascontiguousarray(np.concatenate(lplanes))), listed, rows)
+
+
+def _budget(words, probes=1 << 30, shortlist=2000, rank_planes=4, candidates=200, refine=30, two=True) -> Budget:
+    return Budget(words, two, probes, shortlist, rank_planes, candidates, refine)
 
 
 def test_list_layout_scores_every_entry_as_its_first_stage_row():
@@ -273,24 +307,29 @@ def test_profiles_are_per_sample_modes_and_score_their_two_bit_agreement(bits):
     np.testing.assert_array_equal(assign_profiles(planes, rows, P, words, bits), best)
 
 
-def _brute_shortlist(first, order, starts, chosen, tail, q, count):
-    """Refs and scores of every scanned entry, in scan order; the best ``count``, ties to the earliest."""
+def _brute_shortlist(first, lists, chosen, q, count):
+    """Refs of the best ``count`` scanned entries (segment by segment, chosen list by chosen list,
+    then the tail), in scan order, ties to the earliest."""
     refs, scores = [], []
-    for c in chosen:
-        for e in range(starts[c], starts[c + 1]):
-            refs.append(e)
-            scores.append(first_agreement(first[order[e]], q))
-    for r in tail:
-        refs.append(starts[-1] + r)
+    for seg in np.asarray(lists.segs):
+        starts = lists.lstarts[seg[4]:seg[4] + lists.profiles.shape[1] + 1]
+        for c in chosen:
+            for e in range(starts[c], starts[c + 1]):
+                refs.append(e)
+                scores.append(first_agreement(first[lists.lrows[e]], q))
+    for r in range(lists.tail_lo, lists.tail_hi):
+        refs.append(lists.lrows.shape[0] + r)
         scores.append(first_agreement(first[r], q))
     keep = np.sort(np.lexsort((np.arange(len(scores)), -np.array(scores)))[:count])
     return np.array(refs)[keep]
 
 
 @pytest.mark.parametrize("shortlist", [1, 17, 120, 500, 5000])
-def test_the_first_stage_keeps_the_best_of_the_probed_lists_and_the_tail(shortlist):
-    """Ties included (2-bit codes over few distinct rows tie a lot), whether the estimated cut
-    keeps enough or not, and with a tail whose size is no multiple of the group."""
+@pytest.mark.parametrize("cuts", [(0, 1300), (0, 700, 1000, 1300)])
+def test_the_first_stage_keeps_the_best_of_the_probed_lists_and_the_tail(shortlist, cuts):
+    """In one segment or several; ties included (2-bit codes over few distinct rows tie a lot),
+    whether the estimated cut keeps enough or not, and with a tail whose size is no multiple of
+    the group."""
     rng = np.random.default_rng(14)
     base = _codes(rng, 40, 256, 2)
     A = base[rng.integers(0, 40, 1500)]
@@ -299,25 +338,26 @@ def test_the_first_stage_keeps_the_best_of_the_probed_lists_and_the_tail(shortli
     planes = bit_planes(A, 2)
     words = plane_words(256)
     first = first_rows(planes, words, 2)
-    profs, starts, lrows, lfirst, _ = _lists(first, planes, 1300, 9, words, 2)
-    order = lrows.astype(np.int64)
+    lists = _lists(first, planes, cuts, 9, words, 2, 1500)
+    rows = Rows(*[frozen(np.zeros(1, t)) for t in (np.uint8, np.float64, np.float32)], frozen(planes), frozen(first),
+                *[frozen(np.zeros(1, t)) for t in (np.int64, np.int32, np.float32, np.int64, np.uint8)], 1)
     for probes in (2, 5, 9):
         q = planes[rng.integers(0, 1500)]
         qf = first_rows(q[None, :], words, 2)[0]
         pscore = np.empty(9, np.int64)
-        profile_scores(profs, q, words, True, pscore)
+        profile_scores(lists.profiles, q, words, True, pscore)
         chosen = np.sort(np.lexsort((np.arange(9), -pscore))[:probes])
-        refs, scanned = shortlist_of(qf, q, words, True, profs, starts, lfirst, first, 1300, 1500, probes, shortlist)
-        want = _brute_shortlist(first, order, starts, chosen, range(1300, 1500), qf, shortlist)
-        np.testing.assert_array_equal(refs, want)
-        assert scanned == sum(starts[c + 1] - starts[c] for c in chosen) + 200
+        refs, scanned = shortlist_of(_query(q, qf, np.zeros(1)), rows, lists, _budget(words, probes, shortlist))
+        np.testing.assert_array_equal(refs, _brute_shortlist(first, lists, chosen, qf, shortlist))
+        starts = [lists.lstarts[seg[4]:seg[4] + 10] for seg in np.asarray(lists.segs)]
+        assert scanned == sum(st[c + 1] - st[c] for st in starts for c in chosen) + 200
 
 
-def _index_of(X32, k, nlist, listed, seed=0):
+def _index_of(X32, k, nlist, cuts, seed=0):
     planes = bit_planes(bbit_codes(sketch(X32, k, seed=seed), 8, seed=seed), 8)
     words = plane_words(k)
     first = first_rows(planes, words, 8)
-    return planes, first, _lists(first, planes, listed, nlist, words, 8)
+    return planes, first, _lists(first, planes, cuts, nlist, words, 8, X32.shape[0])
 
 
 def test_search_with_everything_scanned_returns_every_live_row_exactly():
@@ -327,19 +367,18 @@ def test_search_with_everything_scanned_returns_every_live_row_exactly():
     X[rng.random(X.shape) < 0.5] = 0
     X[:, 0] += 0.1
     X32 = X.astype(np.float32)
-    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
-    planes, first, lists = _index_of(X32, k, 4, 200)
+    planes, first, lists = _index_of(X32, k, 4, (0, 120, 200))
     alive = np.ones(n, np.uint8)
     alive[[3, 250]] = 0
+    rows = _rows(X32, planes, first, alive)
     q = X[17] * 1.5
     qp = bit_planes(bbit_codes(sketch(q.astype(np.float32)[None, :], k), 8), 8)[0]
     qf = first_rows(qp[None, :], plane_words(k), 8)[0]
-    qn = float(np.abs(q).sum())
     out_rows, out_sims = np.empty(n, np.int64), np.empty(n)
     live = sorted(set(range(n)) - {3, 250, 17})
     for refine in (n, 0):
-        m, scanned, ranked = search(qp, qf, plane_words(k), True, q, qn, 17, *lists, first, planes, 200, n, alive,
-                                    coff, cdata, dim, voff, vi, vf, norms, 1 << 30, n, 4, n, refine, out_rows, out_sims)
+        budget = _budget(plane_words(k), shortlist=n, candidates=n, refine=refine)
+        m, scanned, ranked = search(_query(qp, qf, q, 17), rows, lists, budget, out_rows, out_sims)
         assert scanned == n and ranked == (len(live) if refine else m)
         if refine:
             assert sorted(out_rows[:m].tolist()) == live
@@ -356,15 +395,15 @@ def test_search_scores_exactly_the_best_candidates_by_coarse_gmm():
     n, dim, k = 600, 40, 256
     X32 = (rng.gamma(0.7, size=(n, dim)) * (rng.random((n, dim)) < 0.7)).astype(np.float32)
     X32[:, 0] += 0.2
-    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
-    planes, first, lists = _index_of(X32, k, 3, n)
-    alive = np.ones(n, np.uint8)
+    planes, first, lists = _index_of(X32, k, 3, (0, n))
+    bundle = _rows(X32, planes, first)
+    _, _, _, _, coff, cdata = _mirror_rows(X32)
     q = X32[40].astype(np.float64) * 0.9
     qp, qf = planes[40], first[40]
     qn = float(np.abs(q).sum())
     rows, sims = np.empty(n, np.int64), np.empty(n)
-    m, _, _ = search(qp, qf, plane_words(k), True, q, qn, -1, *lists, first, planes, n, n, alive, coff, cdata, dim,
-                     voff, vi, vf, norms, 1 << 30, 300, 4, 100, 0, rows, sims)
+    m, _, _ = search(_query(qp, qf, q), bundle, lists, _budget(plane_words(k), shortlist=300, candidates=100, refine=0),
+                     rows, sims)
     candidates = rows[:m].copy()
     levels, head, counts = cdata.view(np.int8), cdata.view(np.float32), cdata.view(np.int32)
     def coarse_or_exact(r):  # a sparse row has no coarse copy and is ranked by its exact GMM
@@ -373,8 +412,8 @@ def test_search_scores_exactly_the_best_candidates_by_coarse_gmm():
 
     coarse = np.array([int(4095 * coarse_or_exact(r)) for r in candidates])
     want = candidates[np.sort(np.lexsort((np.arange(m), -coarse))[:20])]
-    m2, _, ranked = search(qp, qf, plane_words(k), True, q, qn, -1, *lists, first, planes, n, n, alive, coff, cdata,
-                           dim, voff, vi, vf, norms, 1 << 30, 300, 4, 100, 20, rows, sims)
+    m2, _, ranked = search(_query(qp, qf, q), bundle, lists,
+                           _budget(plane_words(k), shortlist=300, candidates=100, refine=20), rows, sims)
     assert ranked == 100
     np.testing.assert_array_equal(rows[:m2], want)
     np.testing.assert_allclose(sims[:m2], [gmm(q, X32[r].astype(np.float64)) for r in want], rtol=1e-12)
@@ -385,16 +424,16 @@ def test_search_finds_a_near_copy_through_a_single_probe():
     n, dim, k = 2000, 64, 256
     X = rng.gamma(0.5, size=(n, dim))
     X32 = X.astype(np.float32)
-    voff, vi, vf, norms, coff, cdata = _mirror_rows(X32)
-    planes, first, lists = _index_of(X32, k, 8, n)
+    planes, first, lists = _index_of(X32, k, 8, (0, n))
+    rows = _rows(X32, planes, first)
     hits = 0
     for target in range(0, n, 97):
         q = X[target] * 1.01
         qp = bit_planes(bbit_codes(sketch(q[None, :], k), 8), 8)[0]
         qf = first_rows(qp[None, :], plane_words(k), 8)[0]
         out_rows, out_sims = np.empty(20, np.int64), np.empty(20)
-        m, scanned, _ = search(qp, qf, plane_words(k), True, q, float(np.abs(q).sum()), -1, *lists, first, planes, n, n,
-                               np.ones(n, np.uint8), coff, cdata, dim, voff, vi, vf, norms, 1, 50, 4, 20, 20,
+        m, scanned, _ = search(_query(qp, qf, q), rows, lists,
+                               _budget(plane_words(k), probes=1, shortlist=50, candidates=20, refine=20),
                                out_rows, out_sims)
         assert scanned < n / 2
         hits += out_rows[:m][np.argmax(out_sims[:m])] == target

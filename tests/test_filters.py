@@ -124,7 +124,7 @@ def test_filtered_neighbours_match_and_equal_the_exact_filtered_answer(loaded, s
         r = ix.query(q, k=10, filter=flt)
         assert len(r.neighbors) == 10
         assert all(_ref_match(n.metadata, flt) for n in r.neighbors)
-        assert r.mode == ("exact" if share == "rare" else "lsh")
+        assert r.mode == ("exact" if share == "rare" else "sketch")
         sims = gmm_many(q, X[rows])
         truth = {f"v{i}" for i in rows[np.argsort(-sims, kind="stable")[:10]]}
         hits += len(truth & {n.id for n in r.neighbors})
@@ -139,7 +139,7 @@ def test_a_filter_nothing_passes_answers_no_neighbours_and_exact_mode_filters_to
     ix, _, _, Q = loaded
     assert ix.query(Q[0], k=5, filter={"must": [{"key": "label", "match": {"value": 42}}]}).neighbors == []
     flt = {"must": [{"key": "even", "match": {"value": False}}]}
-    for mode in ("exact", "lsh"):
+    for mode in ("exact", "auto"):
         r = ix.query(Q[0], k=20, mode=mode, filter=flt)
         assert len(r.neighbors) == 20 and all(n.metadata["even"] is False for n in r.neighbors)
     rs = ix.query_batch(Q[:4], k=5, filter=flt)

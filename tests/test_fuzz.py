@@ -234,7 +234,7 @@ def test_index_dense_and_sparse_are_one_vector(local_index, values):
         assert np.array_equal(_dense(ia, va), _dense(ib, vb))  # the same values, whatever shape they came in
         assert rec["sketch"][0] == rec["sketch"][1]
     q_sparse = (nz, x[nz])
-    for mode in ("lsh", "exact"):
+    for mode in ("auto", "exact"):
         r1, r2 = ix.query(x, k=5, mode=mode), ix.query(q_sparse, k=5, mode=mode)
         assert [(n.id, n.similarity) for n in r1.neighbors] == [(n.id, n.similarity) for n in r2.neighbors]
         assert r1.neighbors and r1.neighbors[0].similarity == pytest.approx(1.0, abs=1e-12)

@@ -20,7 +20,7 @@ from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_matrix
 from gmmlsh.core.validate import DimensionError, NonFiniteError, ZeroVectorError
-from gmmlsh.index import generation
+from gmmlsh.index import segments
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.mirror import Mirror
@@ -83,7 +83,7 @@ def test_upsert_replaces_and_delete_removes_everywhere(location, fmnist):
         got = ix.get("v7")
         np.testing.assert_array_equal(got.values, X[3100].astype(np.float32))
         assert got.metadata == {"n": "new"}
-        for mode in ("lsh", "exact"):
+        for mode in ("auto", "exact"):
             top = ix.query(X[3100], k=1, mode=mode).neighbors[0]
             assert top.id == "v7" and top.similarity == pytest.approx(1.0) and top.metadata == {"n": "new"}
             # the old version is never an answer, not even through its old list
@@ -92,7 +92,7 @@ def test_upsert_replaces_and_delete_removes_everywhere(location, fmnist):
         assert ix.count() == 2998 and not ix.contains("v7")
         with pytest.raises(UnknownIdError):
             ix.get("v8")
-        for mode in ("lsh", "exact"):
+        for mode in ("auto", "exact"):
             for q in (X[3100], X[8], X[7]):
                 assert {n.id for n in ix.query(q, k=50, mode=mode).neighbors}.isdisjoint({"v7", "v8"})
         view = ix.view()
@@ -114,7 +114,7 @@ def test_exact_mode_is_brute_force_and_similarities_are_exact_gmm(location, fmni
             want = np.argsort(-S[qi], kind="stable")[:10]
             np.testing.assert_allclose([n.similarity for n in res.neighbors], S[qi, want], rtol=0, atol=1e-12)
             assert [n.id for n in res.neighbors][:5] == [f"v{i}" for i in want[:5]]
-            for mode in ("lsh", "exact"):
+            for mode in ("auto", "exact"):
                 for n in ix.query(Q[qi], k=10, mode=mode).neighbors:
                     assert n.similarity == pytest.approx(gmm(Q[qi].astype(np.float64), base[int(n.id[1:])]), abs=1e-12)
             # nrff: the best by estimated RBF among the stored features, reported with their exact RBF
@@ -138,7 +138,7 @@ def test_recall_at_10_default_parameters(fmnist, tmp_path):
         for lo in range(0, 60_000, 20_000):
             ix.upsert([str(i) for i in range(lo, lo + 20_000)], X[lo:lo + 20_000])
         done = ix.maintain()
-        assert done["generation"] == 1 and done["tuned"]["chosen"] == "lsh"
+        assert done["fit"][0]["fit"] == 1 and done["tune"][0]["chosen"] == "sketch"
         S = np.vstack([gmm_matrix(Qs[i:i + 100].astype(np.float64), X.astype(np.float32))
                        for i in range(0, 1000, 100)])
         tenth = np.sort(S, axis=1)[:, -10]
@@ -160,7 +160,7 @@ def test_sparse_high_dimensional_and_signed(location):
         ix.upsert([f"s{i}" for i in range(n)], X)
         # A near copy of row 3 finds row 3 first, in every mode that applies.
         idx, val = rows[3]
-        for mode in ("lsh", "exact"):
+        for mode in ("auto", "exact"):
             res = ix.query((idx, val * 1.01), k=5, mode=mode)
             assert res.neighbors[0].id == "s3"
             assert res.neighbors[0].similarity == pytest.approx(1 / 1.01, rel=1e-6)
@@ -332,7 +332,7 @@ def test_the_search_is_tuned_reported_and_overridable(location, fmnist):
     with _open(location, IndexConfig(dim=784), search={"candidates": 77}) as ix:
         ix.upsert(_ids(0, 6000), X[:6000])
         done = ix.maintain()
-        assert done["tuned"]["chosen"] in ("lsh", "exact") and done["generation"] == 1
+        assert done["tune"][0]["chosen"] in ("sketch", "exact") and done["fit"][0]["fit"] == 1
         search = ix.stats()["search"]
         assert search["tuned_at_rows"] == 6000 and search["candidates"] == 77 and search["overrides"]
         assert ix.query(Q[0], k=5).candidates <= 77
@@ -358,10 +358,10 @@ def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp
     with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         ix.upsert(_ids(0, 3000), X[:3000])
         done = ix.maintain()
-        assert done["tuned"]["chosen"] == "exact" and ix.stats()["search"]["exact"]
+        assert done["tune"][0]["chosen"] == "exact" and ix.stats()["search"]["exact"]
         res = ix.query(Q[0], k=3)
         assert res.mode == "exact" and res.candidates == 3000
-        assert ix.query(Q[0], k=3, candidates=50).mode == "lsh"
+        assert ix.query(Q[0], k=3, candidates=50).mode == "sketch"
 
 
 def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, fmnist):
@@ -371,7 +371,7 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
     recall of the search's answers (the coarse ranking keeps every true row among the best)."""
     from gmmlsh.index import tuner
     from gmmlsh.index.config import SearchParams
-    from gmmlsh.index.search import run_exact, run_lsh
+    from gmmlsh.index.search import run_exact, run_sketch
 
     X, _, _, _ = fmnist
     with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=128), maintain=False) as ix:
@@ -381,12 +381,12 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
         ix.upsert(_ids(4000, 4600), X[4000:4600])  # an unlisted tail
         view = ix.view()
         qs, _ = tuner._sample(view, ix.config, 40, 1, None)
-        truth = tuner._truth(view, qs)
+        truth = tuner.truth(view, qs)
         tenth = [np.sort(run_exact(view, q)[1])[-10] for q in qs]
         for probes, shortlist, bits, cands in [(2, 100, 2, 10), (4, 500, 4, 50), (8, 1000, 4, 200), (0, 250, 2, 75)]:
             params = SearchParams(probes=probes, shortlist=shortlist, rank_bits=bits, candidates=cands)
-            found = run_lsh(view, qs, params, ix.config)
-            trials = run_lsh(view, qs, params, ix.config, scored=False)
+            found = run_sketch(view, qs, params, ix.config)
+            trials = run_sketch(view, qs, params, ix.config, scored=False)
             for (rows, _, _), (trial_rows, trial_sims, _) in zip(found, trials, strict=True):
                 assert set(rows.tolist()) <= set(trial_rows.tolist()) and not trial_sims.any()
             per_query = np.array([(np.sort(sims)[::-1][:10] >= t).sum() / 10
@@ -396,25 +396,67 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
             assert tuner._recall(view, qs, truth, params, ix.config, scored=True) == pytest.approx(bound, abs=1e-12)
 
 
-def test_lists_are_rebuilt_as_the_index_grows_and_drop_retired_rows(tmp_path, fmnist):
-    X, _, Q, _ = fmnist
+def _listed(view) -> np.ndarray:
+    """Every mirror row some segment lists (with repeats, if any)."""
+    lists = view.lists
+    return np.concatenate([np.asarray(lists.lrows[g["e"]:g["e"] + g["n"]], dtype=np.int64) for g in view.segments])
+
+
+def test_segments_absorb_rows_without_rewriting_and_merges_drop_retired_rows(tmp_path, fmnist):
+    """New rows become a segment of their own (the segments before are not rewritten); small
+    segments are merged four at a time, their rows keeping their lists and the retired ones
+    dropped; a segment mostly retired is rebuilt alone; a new fit when the index has doubled."""
+    X, _, _, _ = fmnist
+    T = segments.TAIL_ROWS
     with Index.open(tmp_path / "g", IndexConfig(dim=784, samples=128), maintain=False) as ix:
-        ix.upsert(_ids(0, 4000), X[:4000])
-        assert ix.maintain()["generation"] == 1
-        g1 = ix.view().generation
-        assert g1.rows == 4000 and g1.lists == 4000 // generation.LIST_ROWS
+        ix.upsert(_ids(0, 5000), X[:5000])
+        assert ix.maintain()["fit"][0]["fit"] == 1
+        view = ix.view()
+        base = view.segments[0]
+        assert view.fit.lists == 5000 // segments.LIST_ROWS and (base["lo"], base["hi"]) == (0, 5000)
         ix.delete(_ids(0, 100))
-        ix.upsert(_ids(4000, 4000 + generation.tail_limit(4100)), X[4000:4000 + generation.tail_limit(4100)])
-        tail = ix.view().rows - g1.rows
-        assert tail == generation.tail_limit(4100)
-        top = ix.query(X[4010], k=1).neighbors[0]  # in the tail: found by its scan
-        assert top.id == "v4010" and top.similarity == pytest.approx(1.0)
-        assert ix.maintain()["generation"] == 2
-        g2 = ix.view().generation
-        assert g2.rows == ix.view().rows and g2.clustered_rows == 4000  # merged into the same profiles
-        listed = set(np.asarray(g2.lrows).tolist())
-        alive = set(np.flatnonzero(ix.view().alive).tolist())
-        assert listed == alive  # every live row once, no retired one
+        ix.upsert(_ids(5000, 5000 + T), X[5000:5000 + T])
+        assert ix.view().rows - ix.view().tail_start == T
+        top = ix.query(X[5010], k=1).neighbors[0]  # in the tail: found by its scan
+        assert top.id == "v5010" and top.similarity == pytest.approx(1.0)
+        assert len(ix.maintain()["absorb"]) == 1
+        view = ix.view()
+        assert view.segments[0] == base and len(view.segments) == 2 and view.tail_start == view.rows
+        assert ix.query(X[5010], k=1).neighbors[0].id == "v5010"  # now through the lists
+        for n in (1, 2):
+            ix.upsert(_ids(5000 + n * T, 5000 + (n + 1) * T), X[5000 + n * T:5000 + (n + 1) * T])
+            ix.maintain()
+        view = ix.view()
+        lists_of = {}  # the list each row of the three small segments was put in
+        for g in view.segments[1:]:
+            starts = np.asarray(view.lists.lstarts[g["ls"]:g["ls"] + view.fit.lists + 1])
+            for c in range(view.fit.lists):
+                lists_of.update(dict.fromkeys(np.asarray(view.lists.lrows[starts[c]:starts[c + 1]]).tolist(), c))
+        assert len(view.segments) == 4 and len(lists_of) == 3 * T
+        ix.delete(_ids(5000, 5000 + T // 2))  # half of the first small segment
+        ix.upsert(_ids(5000 + 3 * T, 5000 + 4 * T), X[5000 + 3 * T:5000 + 4 * T])
+        done = ix.maintain()  # a fourth small segment: four of one tier, merged
+        view = ix.view()
+        assert done["merge"][0]["merged"] == 4 and len(view.segments) == 2 and view.segments[0] == base
+        merged = view.segments[1]
+        assert (merged["lo"], merged["hi"]) == (5000, 5000 + 4 * T) and merged["n"] == 4 * T - T // 2
+        starts = np.asarray(view.lists.lstarts[merged["ls"]:merged["ls"] + view.fit.lists + 1])
+        for c in range(view.fit.lists):
+            rows = np.asarray(view.lists.lrows[starts[c]:starts[c + 1]]).tolist()
+            assert all(lists_of[r] == c for r in rows if r in lists_of)
+        ix.delete(_ids(100, 2000))  # most of the base segment
+        done = ix.maintain()
+        view = ix.view()
+        assert done["merge"][0]["merged"] == 1 and view.segments[0]["n"] == 3000
+        assert set(_listed(view).tolist()) == set(np.flatnonzero(view.alive).tolist())  # each live row, once
+        assert ix.check().ok
+        n = view.rows
+        ix.upsert(_ids(9200, 9200 + n), X[9200:9200 + n])  # the index doubles: a new fit
+        done = ix.maintain()
+        view = ix.view()
+        assert done["fit"][0]["fit"] == 2 and view.fit.lists == view.live // segments.LIST_ROWS
+        assert len(view.segments) == 1 and sorted(_listed(view).tolist()) == np.flatnonzero(view.alive).tolist()
+        assert not (ix.mirror.dir / segments.fit_name(1)).exists()
         assert ix.check().ok
 
 
@@ -436,10 +478,10 @@ def test_the_mirror_is_derived_data(location, fmnist):
         assert ix.mirror.disk_bytes() <= size * 1.1
 
 
-def test_a_generation_replaced_while_another_process_loads_it(tmp_path, fmnist):
-    """A worker reads the state, another publishes a newer generation and removes the one the
-    state named, then the worker opens it: it reads the state again and gets the new one (the
-    soak test's two workers once answered 500 here)."""
+def test_a_fit_replaced_while_another_process_loads_it(tmp_path, fmnist):
+    """A worker reads the state, another publishes a new fit and removes the one the state
+    named, then the worker opens it: it reads the state again and gets the new one (the soak
+    test's two workers once answered 500 here)."""
     X = fmnist[0]
     with Index.open(tmp_path / "r", IndexConfig(dim=784, samples=128), maintain=False) as ix:
         ix.upsert(_ids(0, 4000), X[:4000])
@@ -453,21 +495,21 @@ def test_a_generation_replaced_while_another_process_loads_it(tmp_path, fmnist):
 
             def _read_state(self):
                 state = super()._read_state()
-                if state.get("generation") and not Raced.raced:
+                if state.get("lists") and not Raced.raced:
                     Raced.raced = True
-                    view = writer.sync(ix.store)
-                    writer.publish(generation=generation.build(writer.dir, view, view.generation, 784, 8))
+                    ix.upkeep._refit(writer.sync(ix.store))  # the same profiles, fresh arenas
                 return state
 
         reader = Raced(writer.dir, ix.config)
-        assert Raced.raced and reader.view.generation.number == 2 == writer.view.generation.number
-        assert not (writer.dir / "gen-000001").exists()
+        assert Raced.raced and reader.view.fit.number == 2 == writer.view.fit.number
+        assert not (writer.dir / segments.fit_name(1)).exists()
 
 
 def test_exact_in_batches_equals_exact_one_at_a_time(tmp_path, fmnist, monkeypatch):
-    """The tuner's truth comes from batched exact search: dense rows scored in blocks against
-    all queries, sparse text through postings. Both give run_exact's best similarities, and
-    its count, with each stored query's own row left out; several blocks, the last one short."""
+    """The tuner's truth comes from batched exact search: rows scored in blocks against all
+    queries, or query by query through postings, whichever is faster on the data. Both give
+    run_exact's best similarities, and its count, with each stored query's own row left out;
+    several blocks, the last one short."""
     from gmmlsh.index import search
     from gmmlsh.index.search import prepare_row, prepare_vectors, run_exact, run_exact_many
 
@@ -484,14 +526,14 @@ def test_exact_in_batches_equals_exact_one_at_a_time(tmp_path, fmnist, monkeypat
             view = ix.view()
             qs = [prepare_row(view, int(r), ix.config) for r in rng.choice(view.rows, 6, replace=False)]
             qs += prepare_vectors(queries.astype(np.float32), ix.config, sketch=False)
-            assert search._scans_most(view, qs[0]) == (name == "dense")
             monkeypatch.setattr(search, "_EXACT_BLOCK_BYTES", 8 * len(qs) * 1100)  # blocks of 1,100 rows
             for k in (1, 10):
-                for q, (rows, sims, scored) in zip(qs, run_exact_many(view, qs, k), strict=True):
-                    _, want, want_scored = run_exact(view, q, k)
-                    assert scored == want_scored and q.exclude not in rows.tolist()
-                    assert np.array_equal(np.sort(sims)[::-1][:k], np.sort(want)[::-1][:k])
-                    assert view.alive[rows].all() and len(rows) >= min(k, want_scored)
+                for many in (run_exact_many, search._exact_block):  # the chosen path, and the blocks
+                    for q, (rows, sims, scored) in zip(qs, many(view, qs, k), strict=True):
+                        _, want, want_scored = run_exact(view, q, k)
+                        assert scored == want_scored and q.exclude not in rows.tolist()
+                        assert np.array_equal(np.sort(sims)[::-1][:k], np.sort(want)[::-1][:k])
+                        assert view.alive[rows].all() and len(rows) >= min(k, want_scored)
 
 
 def test_a_mirror_ahead_of_its_store_is_rebuilt(tmp_path, fmnist):

@@ -8,14 +8,15 @@ import pytest
 import scipy.sparse as sp
 from conftest import DATA
 
-from gmmlsh.core.postings import HEAD_SHARE, head_columns
+from gmmlsh.core.postings import HEAD_SHARE, head_levels, head_plan
+from gmmlsh.index import segments
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.service.cli.common import describe_search
 
 
 def _postings(X: sp.csr_matrix):
-    """Postings of a CSR matrix (coordinate → rows and values), as a generation holds them."""
+    """Postings of a CSR matrix (coordinate → rows and values), as a segment holds them."""
     X = X.tocsc()
     return X.indptr.astype(np.int64), X.indices.astype(np.uint32), X.data.astype(np.float32)
 
@@ -35,6 +36,13 @@ def _zipf_text(n: int, dim: int, seed: int, signed: bool = False) -> sp.csr_matr
     indptr = np.cumsum([0] + [w.shape[0] for w, _ in rows])
     return sp.csr_matrix((np.concatenate([v for _, v in rows]), np.concatenate([w for w, _ in rows]), indptr),
                          shape=(n, dim))
+
+
+def head_columns(post_starts, post_rows, post_vals, rows, sparse_rows):
+    """The head columns a fit plans from these postings, and their levels over rows ``[0, rows)``."""
+    slot, nbytes, scale = head_plan(post_starts, post_vals, sparse_rows)
+    byte_cols, nibble_cols = head_levels(slot, nbytes, scale, post_starts, post_rows, post_vals, 0, rows)
+    return slot, byte_cols, nibble_cols, np.array([scale], np.float32)
 
 
 def _head_values(slot, byte_cols, nibble_cols, c, rows):
@@ -81,17 +89,21 @@ def test_head_columns_hold_counts_exactly_and_other_values_within_half_a_level()
 @pytest.mark.parametrize("signed", [False, True])
 def test_postings_search_with_everything_read_and_reranked_is_exact(tmp_path, signed):
     """Reading every coordinate and reranking every row, the postings search answers what
-    exact search answers (signed data included: it has no head columns, and reads postings
-    only); narrower, every similarity it returns is exact."""
-    X = _zipf_text(3000, 2000, seed=4, signed=signed)
+    exact search answers, over two segments and a tail (signed data included: it has no head
+    columns, and reads postings only); narrower, every similarity it returns is exact."""
+    X = _zipf_text(3600, 2000, seed=4, signed=signed)
     Q = _zipf_text(20, 2000, seed=5, signed=signed)
     ids = [str(i) for i in range(X.shape[0])]
-    with Index.open(tmp_path / "p", IndexConfig(dim=2000), search={"rare": 1.0, "candidates": 3000},
+    with Index.open(tmp_path / "p", IndexConfig(dim=2000), search={"rare": 1.0, "candidates": 3600},
                     maintain=False) as ix:
-        ix.upsert(ids, X)
-        ix.maintain()
-        g = ix.view().generation
-        assert g.postings_search != signed  # head columns hold non-negative data only
+        for lo, hi in ((0, 2200), (2200, 3300), (3300, 3600)):
+            ix.upsert(ids[lo:hi], X[lo:hi])
+            if hi < 3600:
+                ix.maintain()
+        ix.delete(ids[::7])
+        view = ix.view()
+        assert len(view.segments) == 2 and view.rows > view.tail_start == 3300
+        assert view.postings_search != signed  # head columns hold non-negative data only
         for i in range(Q.shape[0]):
             got = ix.query(Q[i], k=10, mode="postings")
             want = ix.query(Q[i], k=10, mode="exact")
@@ -99,7 +111,7 @@ def test_postings_search_with_everything_read_and_reranked_is_exact(tmp_path, si
             np.testing.assert_allclose([n.similarity for n in got.neighbors],
                                        [n.similarity for n in want.neighbors], rtol=1e-9)
             narrow = ix.query(Q[i], k=10, mode="postings", candidates=20)
-            assert narrow.candidates <= 20
+            assert narrow.candidates <= 20 + view.rows - view.tail_start  # and the tail, scored exactly
             q, rows = Q[i].toarray()[0], X[[int(n.id) for n in narrow.neighbors]].toarray()
             same = np.where(np.sign(rows) == np.sign(q), np.minimum(np.abs(rows), np.abs(q)), 0).sum(axis=1)
             want = same / (np.abs(q).sum() + np.abs(rows).sum(axis=1) - same)
@@ -112,7 +124,7 @@ def test_postings_search_on_a_fresh_thread_whatever_the_row_count(tmp_path):
     reads levels four at a time, must still read only the rows (regression: it raised)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gmmlsh.index.generation import MIN_ROWS
+    MIN_ROWS = segments.MIN_ROWS
 
     X = _zipf_text(2501, 800, seed=7)
     assert X.shape[0] >= MIN_ROWS and 2 * X.shape[0] % 4
@@ -121,7 +133,7 @@ def test_postings_search_on_a_fresh_thread_whatever_the_row_count(tmp_path):
                     maintain=False) as ix:
         ix.upsert([str(i) for i in range(X.shape[0])], X)
         ix.maintain()
-        assert ix.view().generation.rows == X.shape[0]
+        assert ix.view().tail_start == X.shape[0]
 
         def both(i):
             return ix.query(Q[i], k=10, mode="postings"), ix.query(Q[i], k=10, mode="exact")
@@ -157,7 +169,7 @@ def test_postings_search_ranks_large_counts_over_many_head_columns(tmp_path):
                     maintain=False) as ix:
         ix.upsert([str(i) for i in range(n)], X)
         ix.maintain()
-        assert ix.view().generation.postings_search
+        assert ix.view().postings_search
         for i in range(Q.shape[0]):
             got = ix.query(Q[i], k=10, mode="postings")
             want = ix.query(Q[i], k=10, mode="exact")
@@ -195,18 +207,18 @@ def test_on_text_the_tuner_weighs_the_postings_search_reports_it_and_it_can_be_o
     ids = [str(i) for i in range(X.shape[0])]
     with Index.open(tmp_path / "b", IndexConfig(dim=X.shape[1]), maintain=False) as ix:
         ix.upsert(ids, X)
-        tuned = ix.maintain()["tuned"]
+        tuned = ix.maintain()["tune"][-1]
         search = ix.stats()["search"]
-        assert ix.view().generation.postings_search
-        assert tuned["chosen"] in ("lsh", "postings", "exact")
+        assert ix.view().postings_search
+        assert tuned["chosen"] in ("sketch", "postings", "exact")
         assert (search["rare"] > 0) == (tuned["chosen"] == "postings")
         assert search["exact"] == (tuned["chosen"] == "exact")
-        assert ix.query(Q[0], k=5).mode == {"lsh": "lsh", "postings": "postings", "exact": "exact"}[tuned["chosen"]]
+        assert ix.query(Q[0], k=5).mode == tuned["chosen"]
         if tuned["chosen"] == "postings":
             assert describe_search(search).startswith("postings")
         # asked for by mode, at the default share of rare coordinates and a rerank of 400
         assert _recall(ix, Q[:40], mode="postings", candidates=400) >= 0.95
     with Index.open(tmp_path / "b", search={"rare": 0.0}, maintain=False) as ix:
-        assert ix.query(Q[0], k=5).mode in ("lsh", "exact")
+        assert ix.query(Q[0], k=5).mode in ("sketch", "exact")
     with Index.open(tmp_path / "b", search={"rare": 1 / 64}, maintain=False) as ix:
         assert ix.query(Q[0], k=5).mode in ("postings", "exact")

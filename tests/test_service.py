@@ -205,7 +205,10 @@ def http_pairs(body: dict) -> list[tuple[str, float]]:
 
 
 def assert_same(http: dict, local, k: int, mode: str) -> None:
-    assert http["mode"] == mode and http["k"] == k
+    """The HTTP answer is the in-process one; ``mode``: the mode asked for (``auto`` and its alias
+    ``lsh`` answer with the search the index tuned, named in the answer)."""
+    assert http["mode"] == local.mode and http["k"] == k
+    assert local.mode in (("sketch", "exact") if mode in ("auto", "lsh") else (mode,))
     assert http["candidates"] == local.candidates
     got, want = http_pairs(http), as_pairs(local)
     assert [g[0] for g in got] == [w[0] for w in want]
@@ -215,7 +218,7 @@ def assert_same(http: dict, local, k: int, mode: str) -> None:
 # --- 1. answers match the in-process index ------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["lsh", "exact"])
+@pytest.mark.parametrize("mode", ["auto", "lsh", "exact"])
 def test_neighbors_by_id_match_index(server, loaded, mode):
     with server.client() as c:
         for i in range(0, 300, 15):
@@ -227,7 +230,7 @@ def test_neighbors_by_id_match_index(server, loaded, mode):
             assert all(n["metadata"] is not None for n in body["neighbors"])
 
 
-@pytest.mark.parametrize("mode", ["lsh", "exact"])
+@pytest.mark.parametrize("mode", ["auto", "exact"])
 def test_neighbors_by_vector_match_index(server, loaded, data, mode):
     _, _, Q = data
     with server.client() as c:
@@ -244,7 +247,7 @@ def test_search_body_single_and_batch(server, loaded, data):
     with server.client() as c:
         r = c.post("/neighbors/search", json={"values": Q[1].tolist(), "k": 5})
         assert r.status_code == 200, r.text
-        assert_same(r.json(), loaded.query(Q[1], k=5), 5, "lsh")
+        assert_same(r.json(), loaded.query(Q[1], k=5), 5, "auto")
 
         r = c.post("/neighbors/search", json={"indices": nz.tolist(), "values": Q[0][nz].tolist(),
                                               "k": 4, "mode": "exact"})
@@ -257,7 +260,7 @@ def test_search_body_single_and_batch(server, loaded, data):
         results = r.json()["results"]
         assert len(results) == len(Q)
         for got, q in zip(results, Q, strict=True):
-            assert_same(got, loaded.query(q, k=6), 6, "lsh")
+            assert_same(got, loaded.query(q, k=6), 6, "auto")
 
         # a mixed batch: per-query knobs override the batch's
         r = c.post("/neighbors/search", json={"k": 3, "queries": [
@@ -267,9 +270,102 @@ def test_search_body_single_and_batch(server, loaded, data):
         ]})
         assert r.status_code == 200, r.text
         a, b, s = r.json()["results"]
-        assert_same(a, loaded.query(id="v5", k=3), 3, "lsh")
+        assert_same(a, loaded.query(id="v5", k=3), 3, "auto")
         assert_same(b, loaded.query(Q[2], k=8, mode="exact"), 8, "exact")
-        assert_same(s, loaded.query(Q[0], k=3, candidates=50), 3, "lsh")
+        assert_same(s, loaded.query(Q[0], k=3, candidates=50), 3, "auto")
+
+
+def test_binary_body_matches_json(server, loaded, data):
+    """Dense queries as raw little-endian float32 (one or many rows), the knobs in the query string:
+    the same answers as the index; a body that is not whole rows, or holds a bad row, is a 422
+    naming it, and more rows than max_batch a 413; knobs in the query string beside a JSON body a 422."""
+    _, _, Q = data
+    raw = Q.astype("<f4")
+    octets = {"Content-Type": "application/octet-stream"}
+    with server.client() as c:
+        r = c.post("/neighbors/search", params={"k": 5}, content=raw[3].tobytes(), headers=octets)
+        assert r.status_code == 200, r.text
+        (one,) = r.json()["results"]
+        assert_same(one, loaded.query(Q[3], k=5), 5, "lsh")
+        r = c.post("/neighbors/search", params={"k": 4, "mode": "exact"}, content=raw.tobytes(), headers=octets)
+        assert r.status_code == 200, r.text
+        for got, q in zip(r.json()["results"], Q, strict=True):
+            assert_same(got, loaded.query(q, k=4, mode="exact"), 4, "exact")
+        bad = raw[:3].copy()
+        bad[1, 7] = np.nan
+        for body, params, status, field in [
+            (raw[0].tobytes()[:-4], {}, 422, "body"),
+            (b"", {}, 422, "body"),
+            (bad.tobytes(), {}, 422, "body[1]"),
+            (bad[1:2].tobytes(), {}, 422, "body[0]"),
+            (np.zeros(DIM, "<f4").tobytes(), {}, 422, "body[0]"),
+            (raw[0].tobytes(), {"k": "ten"}, 422, "k"),
+            (raw[0].tobytes(), {"mode": "cosine"}, 422, "mode"),
+            (np.tile(raw[:1], (MAX_BATCH + 1, 1)).tobytes(), {}, 413, "body"),
+        ]:
+            r = c.post("/neighbors/search", params=params, content=body, headers=octets)
+            assert r.status_code == status, r.text
+            assert r.json()["error"]["field"] == field, r.text
+        # the query string's knobs are the binary body's: beside a JSON body they are refused, not ignored
+        for params, field in [({"probes": "AAA"}, "probes"), ({"k": 5}, "k")]:
+            r = c.post("/neighbors/search", params=params, json={"values": Q[0].tolist()})
+            assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+
+
+def test_concurrent_single_queries_answered_alone_or_together(server, loaded, data):
+    """Single queries arriving together are answered as one batch call inside the worker: each
+    answer is still exactly the index's, and a bad vector among them fails its request alone."""
+    _, _, Q = data
+    jobs = [("json", q) for q in Q] + [("binary", q) for q in Q] + [("bad", None)] * 4 + [("id", None)] * 8
+    random.Random(1).shuffle(jobs)
+
+    def one(job: tuple[str, np.ndarray | None], c: httpx.Client) -> str | None:
+        kind, q = job
+        if kind == "json":
+            r = c.post("/neighbors/search", json={"values": q.tolist(), "k": 6})
+            assert_same(r.json(), loaded.query(q, k=6), 6, "lsh")
+        elif kind == "binary":
+            r = c.post("/neighbors/search", params={"k": 6}, content=q.astype("<f4").tobytes(),
+                       headers={"Content-Type": "application/octet-stream"})
+            assert_same(r.json()["results"][0], loaded.query(q, k=6), 6, "lsh")
+        elif kind == "bad":
+            r = c.post("/neighbors/search", json={"values": [1.0] * (DIM - 1), "k": 6})
+            assert r.status_code == 422 and r.json()["error"]["field"] == "values", r.text
+        else:
+            r = c.get("/neighbors", params={"id": "v9", "k": 6})
+            assert_same(r.json(), loaded.query(id="v9", k=6), 6, "lsh")
+        return None
+
+    errors: list[BaseException] = []
+
+    def worker(part: list) -> None:
+        try:
+            with server.client() as c:
+                for job in part:
+                    one(job, c)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(jobs[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_ping_and_request_head_limits(server):
+    """``/ping`` answers a constant; a request line or header block over 16 KiB is refused in the
+    API's error shape (the C parser holds no more than h11 did)."""
+    with server.client() as c:
+        assert c.get("/ping").json() == {"status": "ok"}
+        r = c.get("/neighbors", params={"vector": "1," * 9000 + "1"})
+        assert r.status_code == 414 and r.json()["error"]["code"] == "uri_too_long"
+    with server.client() as c:
+        r = c.get("/ping", headers={f"x-pad-{i}": "p" * 1000 for i in range(20)})
+        assert r.status_code == 431 and r.json()["error"]["status"] == 431
+    with server.client() as c:
+        assert c.get("/ping", headers={"x-pad": "p" * 8000}).status_code == 200
 
 
 def test_min_similarity_and_candidates(server, loaded):
@@ -423,6 +519,10 @@ BAD_INPUT = [
     ("negative index", "POST", "/vectors", {"json": _sparse([-1, 3], [1.0, 2.0])}, 422, "indices"),
     ("indices/values mismatch", "POST", "/vectors", {"json": _sparse([1, 2, 3], [1.0, 2.0])}, 422, "indices"),
     ("fractional index", "POST", "/vectors", {"json": _sparse([1.5], [1.0])}, 422, "indices[0]"),
+    ("a query value that is not a number", "POST", "/neighbors/search", {"json": {"values": [1.0, True] + GOOD[2:]}},
+     422, "values[1]"),
+    ("a query value that is null, in a batch", "POST", "/neighbors/search",
+     {"json": {"queries": [{"id": "v1"}, {"values": GOOD[:5] + [None] + GOOD[6:]}]}}, 422, "queries[1].values[5]"),
     ("non-number value", "POST", "/vectors", {"json": {"vectors": [_vec(values=["a"] * DIM)]}},
      422, "vectors[0].values[0]"),
     ("missing id", "POST", "/vectors", {"json": {"vectors": [{"values": GOOD}]}}, 422, "vectors[0].id"),
@@ -556,7 +656,7 @@ def test_health_stats_metrics(server, loaded, backend):
     assert "gmmlsh_store_up 1.0" in text
     assert 'gmmlsh_http_requests_total{collection="default",method="GET",route="/neighbors",status="200"}' in text
     assert 'route="/vectors/v' not in text  # route templates, never ids, as labels
-    assert 'gmmlsh_query_candidates_count{mode="lsh"}' in text
+    assert 'gmmlsh_query_candidates_count{mode="sketch"}' in text
     assert "gmmlsh_http_request_duration_seconds_bucket" in text
 
 

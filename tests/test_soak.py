@@ -165,7 +165,7 @@ def test_soak_two_workers_final_state_equals_replay(backend, tmp_path, request):
                     count("queries")
                 elif op < 0.9:
                     q = random_vectors(rng, 1)[0]
-                    mode = prng.choice(["lsh", "exact"])
+                    mode = prng.choice(["auto", "exact"])
                     r = c.post("/neighbors/search", json={"values": q.tolist(), "k": 10, "mode": mode})
                     if r.status_code != 200:
                         fail("search", r)

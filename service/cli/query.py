@@ -32,7 +32,7 @@ Examples:
 
 
 def add(sub) -> None:
-    from gmmlsh.index.search import MODES
+    from gmmlsh.index.search import MODE_ALIASES, MODES
 
     p = sub.add_parser("query", help="nearest neighbours of an id or a vector", description=HELP, epilog=EXAMPLE,
                        formatter_class=Formatter)
@@ -49,8 +49,8 @@ def add(sub) -> None:
                    help="svmlight --vector-file: indices start at 0")
     g = p.add_argument_group("search")
     opt(g, "-k", "--k", dest="k", type=positive_int, default="10", help="neighbours to return (default 10)")
-    opt(g, "--mode", choices=MODES, default="lsh",
-        help="lsh (default: the tuned search), exact (brute force), nrff, or postings")
+    opt(g, "--mode", choices=(*MODES, *MODE_ALIASES), default="auto",
+        help="auto (default: the search the index tuned for itself), sketch, postings, exact (brute force) or nrff")
     opt(g, "--min-similarity", dest="query_min_similarity", metavar="S", type=float, default="0.0",
         help="drop neighbours below this similarity")
     opt(g, "--candidates", metavar="N", type=positive_int, help="rerank budget (default: the index's tuning)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from gmmlsh.service.cli.common import EXIT_OK, Formatter, UsageError, add_store, env_name, location, positive_int
@@ -58,20 +57,8 @@ def run(args) -> int:
         message = first["msg"].removeprefix("Value error, ")
         raise UsageError(f"settings: {where + ': ' if where else ''}{message}") from None
     _open_or_fail(settings)
-    _compile_once()
     serve(settings, host=args.host, port=args.port, workers=args.workers)
     return EXIT_OK
-
-
-def _compile_once() -> None:
-    """Compile the kernels here, once, if numba's cache lacks them: every worker then loads
-    them from the cache instead of compiling them again in silence."""
-    from gmmlsh.index.compile import compile_kernels, kernels_cached
-
-    if not kernels_cached():
-        print("compiling kernels (first run only: numba keeps them for the next starts) ...", file=sys.stderr,
-              flush=True)
-        print(f"kernels compiled in {compile_kernels():.0f} s", file=sys.stderr, flush=True)
 
 
 class StartupError(RuntimeError):

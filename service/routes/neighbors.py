@@ -1,11 +1,27 @@
-"""``/neighbors``: nearest neighbours of a stored vector, or of vectors given in the query."""
+"""``/neighbors``: nearest neighbours of a stored vector, or of vectors given in the query.
+
+Both routes are *hot* (:mod:`gmmlsh.service.hot`): the server answers them through
+:func:`get_neighbors` and :func:`post_search` without FastAPI's per-request machinery; the
+FastAPI routes below document them and answer the requests the hot path leaves to the full
+stack (CORS), through the same two functions.
+
+A body query's vector is parsed by orjson and checked by the engine's compiled checks
+(dimension, NaN/inf, all-zero), not number by number by pydantic; pydantic validates the
+rest of the body (a few fields). Anything the fast parse does not take as it is (a non-number
+in ``values``, JSON with NaN, malformed JSON) is parsed again by pydantic from the bytes, the
+reference, whose error names the field. A body of ``Content-Type: application/octet-stream``
+holds dense queries as raw little-endian float32, ``dim`` values a query, with the knobs in
+the query string.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
+import numba
 import numpy as np
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -14,26 +30,33 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from gmmlsh.core.validate import NonFiniteError, VectorError, ZeroVectorError
+from gmmlsh.core.validate import DimensionError, NonFiniteError, VectorError, ZeroVectorError
 from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.search import QueryResult
-from gmmlsh.index.store.base import MAX_ID_BYTES
-from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
-from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
+from gmmlsh.service.deps import held_index
+from gmmlsh.service.errors import ApiError, responses
+from gmmlsh.service.lane import Job
 from gmmlsh.service.parsing import located, parse_body
 from gmmlsh.service.schemas import (
     SEARCH_BODY,
-    Mode,
+    NeighborsParams,
     NeighborsResponse,
     QueryParams,
     SearchBatch,
     SearchBatchResponse,
     SearchQuery,
+    UrlParams,
 )
 from gmmlsh.service.settings import Settings
 
 router = APIRouter(tags=["neighbors"])
+
+#: The media type of a binary body: dense queries as raw little-endian float32.
+BINARY = "application/octet-stream"
+#: Bodies up to this size are parsed on the event loop (a single query: ~10 µs); larger ones
+#: in a worker thread, so a 64 MiB batch never holds the loop.
+_PARSE_INLINE = 64 * 1024
 
 _EXAMPLES = {
     "dense": {"value": {"values": [0.5, -1.0, 0.0, 2.0], "k": 5}},
@@ -47,27 +70,12 @@ _EXAMPLES = {
     summary="Neighbours of a stored vector (id) or of a dense vector given in the URL",
     description="Give exactly one of `id` (the vector itself is left out of its neighbours) or `vector` "
     "(comma-separated numbers). A vector in the query string is limited by the server's request-line size "
-    "(about 16 KiB with uvicorn's h11: a few thousand numbers): for longer or sparse vectors, or batches, "
-    "use `POST /neighbors/search`.",
+    "(16 KiB for the request line and headers together: a few thousand numbers): for longer or sparse "
+    "vectors, or batches, use `POST /neighbors/search`.",
     responses=responses(401, 404, 422, 500, 503),
 )
-async def neighbors(
-    index: IndexDep, settings: SettingsDep, metrics: MetricsDep,
-    id: Annotated[str | None, Query(min_length=1, max_length=MAX_ID_BYTES, description="id of a stored vector")] = None,
-    vector: Annotated[str | None, Query(description="dense query, e.g. 0.1,0,-2.5,...")] = None,
-    k: Annotated[int | None, Query(ge=1, description="neighbours (≤ max_k)")] = None,
-    mode: Annotated[Mode | None, Query(description="lsh (default), exact, nrff")] = None,
-    min_similarity: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
-    candidates: Annotated[int | None, Query(ge=1, description="rerank budget (lsh)")] = None,
-    probes: Annotated[int | None, Query(ge=0, description="inverted lists scanned (lsh; 0: all)")] = None,
-    filter: Annotated[str | None, Query(description="a metadata filter as JSON (see POST /neighbors/search)")]
-    = None,
-) -> Response:
-    params = QueryParams.model_construct(k=k, mode=mode, min_similarity=min_similarity, candidates=candidates,
-                                         probes=probes, filter=_json_param(filter, "filter"))
-    out, r = await run_in_threadpool(neighbors_get, index, settings, params, id, vector)
-    metrics.candidates.labels(r.mode).observe(r.candidates)
-    return ORJSONResponse(out)
+async def neighbors(request: Request, params: Annotated[NeighborsParams, Query()]) -> Response:
+    return await answer_get(request, params)
 
 
 @router.post(
@@ -76,16 +84,184 @@ async def neighbors(
     description="One query — `{\"id\": ...}`, `{\"values\": [...]}` (dense) or `{\"indices\": [...], "
     "\"values\": [...]}` (sparse), plus optional `k`, `mode`, `min_similarity`, `candidates`, `probes` — "
     "answers a NeighborsResponse; `{\"queries\": [...]}` (knobs at the top apply to every query unless "
-    "one overrides them) answers `{\"results\": [...]}` in the same order.",
+    "one overrides them) answers `{\"results\": [...]}` in the same order.\n\n"
+    f"Binary: with `Content-Type: {BINARY}` the body is dense queries as raw little-endian float32, `dim` "
+    "values each (its length says how many), the knobs in the query string (`?k=10&mode=exact`); the answer "
+    "is `{\"results\": [...]}`, one per query. It skips the JSON numbers both ways: the fastest way to send "
+    "dense vectors (what `gmmlsh.Client` does).",
     responses=responses(401, 404, 408, 413, 422, 500, 503),
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/SearchRequest"}, "examples": _EXAMPLES}}}},
+    openapi_extra={
+        "parameters": [{"name": name, "in": "query", "required": False, "schema": schema,
+                        "description": "binary body only (a JSON body carries its own)"}
+                       for name, schema in UrlParams.model_json_schema()["properties"].items()],
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/SearchRequest"}, "examples": _EXAMPLES},
+            BINARY: {"schema": {"type": "string", "format": "binary"}}}},
+    },
 )
-async def search(request: Request, index: IndexDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
-    out, results = await run_in_threadpool(search_body, index, settings, await request.body())
+async def search(request: Request) -> Response:
+    return await post_search(request)
+
+
+# --- the handlers (the hot path calls these two) -------------------------------------------
+
+
+def url_params(request: Request) -> dict[str, str]:
+    """The query string as a dict (the last of repeated names), as Starlette's ``query_params``
+    reads it; the common case (nothing percent-encoded) split directly, at a tenth of the cost."""
+    qs = request.scope["query_string"]
+    if b"%" in qs or b"+" in qs:
+        return dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True))
+    return {name: value for name, _, value in (p.partition("=") for p in qs.decode("latin-1").split("&") if p)}
+
+
+async def get_neighbors(request: Request) -> Response:
+    """``GET /neighbors``: the query string validated by :class:`NeighborsParams`, then answered."""
+    try:
+        params = NeighborsParams.model_validate(url_params(request))
+    except ValidationError as exc:
+        raise RequestValidationError(located(exc, "query")) from None
+    return await answer_get(request, params)
+
+
+async def answer_get(request: Request, params: NeighborsParams) -> Response:
+    settings: Settings = request.app.state.settings
+    if (params.id is None) == (params.vector is None):
+        raise ApiError(422, "give exactly one of id (a stored vector) or vector (comma-separated numbers)",
+                       field="vector")
+    knobs = url_knobs(settings, params)
+    target = Target(id=params.id) if params.id is not None else Target(vector=_dense_param(params.vector))
+    async with held_index(request) as index:
+        return _json(await _one(request, index, target, knobs, dense="vector"))
+
+
+async def post_search(request: Request) -> Response:
+    """``POST /neighbors/search``: a JSON body (one query or a batch) or a binary one."""
+    settings: Settings = request.app.state.settings
+    body = await request.body()
+    try:
+        params = UrlParams.model_validate(url_params(request))
+    except ValidationError as exc:
+        raise RequestValidationError(located(exc, "query")) from None
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() == BINARY:
+        knobs = url_knobs(settings, params)
+        async with held_index(request) as index:
+            X = binary_queries(body, index.config.dim, settings.max_batch)
+            if X.shape[0] == 1:
+                one = await _one(request, index, Target(vector=X[0]), knobs, dense="body[0]")
+                return _json(b'{"results":[' + one + b"]}")
+            out = await run_in_threadpool(_batch_results, request, index, X, knobs)
+            return _json(out)
+    given = params.model_fields_set
+    if given:
+        raise ApiError(422, "knobs in the query string go with a binary body; a JSON body carries its own",
+                       field=sorted(given)[0])
+    parsed = parse_search(body) if len(body) <= _PARSE_INLINE else await run_in_threadpool(parse_search, body)
+    query, vectors = parsed
+    async with held_index(request) as index:
+        if not isinstance(query, SearchBatch):
+            target = query_target(query, vectors[0])
+            return _json(await _one(request, index, target, resolve_knobs(settings, query)))
+        out = await run_in_threadpool(search_batch, request, index, settings, query, vectors)
+        return _json(out)
+
+
+def _json(content: bytes) -> Response:
+    return Response(content, media_type="application/json")
+
+
+async def _one(request: Request, index: Index, target: Target, knobs: Knobs, dense: str = "values") -> bytes:
+    """One query through the worker's query lane (:mod:`gmmlsh.service.lane`): its answer as JSON."""
+    metrics = request.app.state.metrics
+
+    def finish(r: QueryResult) -> bytes:
+        metrics.candidates.labels(r.mode).observe(r.candidates)
+        return orjson.dumps(result_dict(r))
+
+    batchable = target.id is None and not target.sparse and knobs.filter is None
+    job = Job(index=index, run=lambda: run_query(index, target, knobs, dense=dense), finish=finish,
+              vector=target.vector if batchable else None, key=knobs if batchable else None)
+    return await request.app.state.lane.answer(job)
+
+
+def _batch_results(request: Request, index: Index, X: np.ndarray, knobs: Knobs) -> bytes:
+    """A binary batch of many queries, answered by one ``query_batch`` (in a worker thread)."""
+    numba.set_num_threads(request.app.state.settings.batch_threads)
+    try:
+        results = index.query_batch(X, **knobs.kwargs())
+    except VectorError as exc:
+        m = _VECTOR_FIELD.match(exc.field)
+        raise type(exc)(f"body[{m.group(2)}]" if m and m.group(2) else "body", exc.reason) from None
+    return _encode_results(request, results)
+
+
+def _encode_results(request: Request, results: list[QueryResult]) -> bytes:
+    metrics = request.app.state.metrics
     for r in results:
         metrics.candidates.labels(r.mode).observe(r.candidates)
-    return ORJSONResponse(out)
+    return orjson.dumps({"results": [result_dict(r) for r in results]})
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+def binary_queries(body: bytes, dim: int, max_batch: int) -> np.ndarray:
+    """A binary body as an (n, dim) float32 array (native order, writable: the kernels' type)."""
+    row = 4 * dim
+    if not body or len(body) % row:
+        raise DimensionError("body", f"a binary body is n × {dim} little-endian float32 values (n × {row} "
+                             f"bytes); got {len(body)} bytes")
+    n = len(body) // row
+    if n > max_batch:
+        raise ApiError(413, f"{n} queries in one request; the limit is {max_batch} (max_batch)", field="body")
+    return np.frombuffer(body, dtype="<f4").astype(np.float32).reshape(n, dim)
+
+
+def parse_search(body: bytes) -> tuple[SearchQuery | SearchBatch, list[np.ndarray | None]]:
+    """A JSON search body: the model (without its vectors' values) and each query's values as an
+    array (None where a query has none), in order. See the module for the two parsers."""
+    fast = _parse_fast(body)
+    if fast is not None:
+        return fast
+    parsed = parse_body(SEARCH_BODY, body)
+    queries = parsed.queries if isinstance(parsed, SearchBatch) else [parsed]
+    return parsed, [np.asarray(q.values, dtype=np.float64) if q.values is not None else None for q in queries]
+
+
+_NUMBERS = {float, int}
+
+
+def _parse_fast(body: bytes) -> tuple[SearchQuery | SearchBatch, list[np.ndarray | None]] | None:
+    """orjson for the bytes, numpy for each ``values`` list of numbers, pydantic for the rest;
+    None when anything is not plainly well-formed (the reference parser then says what)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    queries = data.get("queries") if "queries" in data else [data]
+    if not isinstance(queries, list) or not all(isinstance(q, dict) for q in queries):
+        return None
+    vectors: list[np.ndarray | None] = []
+    for q in queries:
+        values = q.get("values")
+        if values is None:
+            vectors.append(None)
+            continue
+        if type(values) is not list or not set(map(type, values)) <= _NUMBERS:
+            return None
+        try:
+            vectors.append(np.array(values, dtype=np.float64))
+        except OverflowError:  # an integer beyond float64
+            return None
+    for q in queries:
+        q.pop("values", None)
+    try:
+        parsed = SEARCH_BODY.validate_python(data)
+    except ValidationError as exc:
+        raise RequestValidationError(located(exc, "body")) from None
+    return parsed, vectors
 
 
 # --- the blocking work ----------------------------------------------------------------------
@@ -105,22 +281,33 @@ class Knobs:
                 "candidates": self.candidates, "probes": self.probes, "filter": self.filter}
 
 
+def url_knobs(settings: Settings, params: UrlParams) -> Knobs:
+    """The knobs of a query string, its ``filter`` JSON parsed (422 naming it if it is not JSON)."""
+    return knobs_of(settings, params.k, params.mode, params.min_similarity, params.candidates, params.probes,
+                    _json_param(params.filter, "filter"), "", "filter")
+
+
 def resolve_knobs(settings: Settings, q: QueryParams, base: QueryParams | None = None, prefix: str = "") -> Knobs:
-    """Per-query value, else the batch's, else the server default; the service's own limit on k.
-    Everything else about the knobs is the index's to check (its errors name the field)."""
+    """Per-query value, else the batch's, else the server default."""
 
     def pick(name: str) -> Any:
         v = getattr(q, name)
         return getattr(base, name) if v is None and base is not None else v
 
-    k = pick("k") or settings.default_k
+    where = prefix + "filter" if q.filter is not None or base is None else "filter"
+    return knobs_of(settings, pick("k"), pick("mode"), pick("min_similarity"), pick("candidates"), pick("probes"),
+                    pick("filter"), prefix, where)
+
+
+def knobs_of(settings: Settings, k: int | None, mode: str | None, min_similarity: float | None,
+             candidates: int | None, probes: int | None, spec: Any, prefix: str, where: str) -> Knobs:
+    """The server's defaults for what is not given, and the service's own limit on k. Everything
+    else about the knobs is the index's to check (its errors name the field)."""
+    k = k or settings.default_k
     if k > settings.max_k:
         raise ApiError(422, f"k={k} is over the limit of {settings.max_k} (max_k)", field=prefix + "k")
-    ms = pick("min_similarity")
-    spec = pick("filter")
-    where = prefix + "filter" if q.filter is not None or base is None else "filter"
-    return Knobs(int(k), pick("mode") or "lsh", float(ms) if ms is not None else 0.0, pick("candidates"),
-                 pick("probes"), compile_filter(spec, where) if spec is not None else None)
+    return Knobs(int(k), mode or "auto", float(min_similarity) if min_similarity is not None else 0.0, candidates,
+                 probes, compile_filter(spec, where) if spec is not None else None)
 
 
 @dataclass(frozen=True)
@@ -136,18 +323,17 @@ class Target:
         return isinstance(self.vector, tuple)
 
 
-def query_target(q: SearchQuery, prefix: str = "") -> Target:
+def query_target(q: SearchQuery, values: np.ndarray | None, prefix: str = "") -> Target:
     """The one thing a query names (exactly one of id, dense values, sparse indices + values)."""
-    if q.id is not None and (q.values is not None or q.indices is not None):
+    if q.id is not None and (values is not None or q.indices is not None):
         raise ApiError(422, "give exactly one of id, values (dense), or indices + values (sparse)",
                        field=prefix + "id")
     if q.id is not None:
         return Target(id=q.id)
-    if q.values is None:
+    if values is None:
         raise ApiError(422, "indices without values" if q.indices is not None else
                        "give exactly one of id, values (dense), or indices + values (sparse)",
                        field=prefix + ("values" if q.indices is not None else "id"))
-    values = np.asarray(q.values, dtype=np.float64)
     return Target(vector=(np.asarray(q.indices, dtype=np.int64), values) if q.indices is not None else values)
 
 
@@ -206,34 +392,17 @@ def _dense_param(text: str) -> np.ndarray:
     return out
 
 
-def neighbors_get(index: Index, settings: Settings, params: QueryParams, ext_id: str | None,
-                  vector: str | None) -> tuple[dict, QueryResult]:
-    if (ext_id is None) == (vector is None):
-        raise ApiError(422, "give exactly one of id (a stored vector) or vector (comma-separated numbers)",
-                       field="vector")
-    if ext_id is not None:
-        try:
-            SearchQuery(id=ext_id)  # the id rules (e.g. under MAX_ID_BYTES characters but over MAX_ID_BYTES bytes)
-        except ValidationError as exc:
-            raise RequestValidationError(located(exc, "query")) from None
-    target = Target(id=ext_id) if ext_id is not None else Target(vector=_dense_param(vector))
-    r = run_query(index, target, resolve_knobs(settings, params), dense="vector")
-    return result_dict(r), r
-
-
-def search_body(index: Index, settings: Settings, body: bytes) -> tuple[dict, list[QueryResult]]:
-    parsed = parse_body(SEARCH_BODY, body)
-    if not isinstance(parsed, SearchBatch):
-        r = run_query(index, query_target(parsed), resolve_knobs(settings, parsed))
-        return result_dict(r), [r]
+def search_batch(request: Request, index: Index, settings: Settings, parsed: SearchBatch,
+                 vectors: list[np.ndarray | None]) -> bytes:
+    """A ``{"queries": [...]}`` body, answered in a worker thread."""
+    numba.set_num_threads(settings.batch_threads)
     if len(parsed.queries) > settings.max_batch:
         raise ApiError(413, f"{len(parsed.queries)} queries in one request; the limit is {settings.max_batch} "
                        "(max_batch)", field="queries")
     prefixes = [f"queries[{i}]." for i in range(len(parsed.queries))]
-    targets = [query_target(q, p) for q, p in zip(parsed.queries, prefixes, strict=True)]
+    targets = [query_target(q, v, p) for q, v, p in zip(parsed.queries, vectors, prefixes, strict=True)]
     knobs = [resolve_knobs(settings, q, parsed, p) for q, p in zip(parsed.queries, prefixes, strict=True)]
-    results = _answer_batch(index, targets, knobs, prefixes)
-    return {"results": [result_dict(r) for r in results]}, results
+    return _encode_results(request, _answer_batch(index, targets, knobs, prefixes))
 
 
 def _answer_batch(index: Index, targets: list[Target], knobs: list[Knobs], prefixes: list[str]) -> list[QueryResult]:

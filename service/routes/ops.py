@@ -1,11 +1,11 @@
-"""Operations: ``/health`` (open to all), ``/stats`` and ``/metrics``."""
+"""Operations: ``/ping`` and ``/health`` (open to all), ``/stats`` and ``/metrics``."""
 
 from __future__ import annotations
 
 import os
 
 import anyio
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -17,14 +17,31 @@ from gmmlsh.service.settings import Settings
 
 #: Seconds /health waits for the store before answering 503.
 HEALTH_TIMEOUT = 5.0
+#: What /health answers (503, code ``starting``) until this worker has mapped the index and
+#: compiled its query kernels (service.app._warm).
+STARTING = ("starting: mapping the index and compiling the query kernels (the first start on a machine "
+            "compiles, later ones load numba's cache); queries are answered meanwhile, the first ones slowly")
 
 public = APIRouter(tags=["ops"])
 router = APIRouter(tags=["ops"])
 
 
+_PONG = b'{"status":"ok"}'
+
+
+@public.get("/ping", summary="The server answers (nothing else is checked; no API key needed)",
+            response_model=dict[str, str], responses=responses(500))
+async def ping(request: Request) -> Response:
+    """A constant answer: a liveness probe that touches nothing, and the floor of a request's cost
+    (bench/bench_http.py). ``/health`` also asks the store."""
+    return Response(_PONG, media_type="application/json")
+
+
 @public.get("/health", response_model=HealthResponse, summary="Liveness and store reachability (no API key needed)",
             responses=responses(500, 503))
-async def health(index: IndexDep, settings: SettingsDep) -> Response:
+async def health(request: Request, index: IndexDep, settings: SettingsDep) -> Response:
+    if not request.app.state.ready:
+        raise ApiError(503, STARTING, code="starting", headers={"Retry-After": "2"})
     try:
         with anyio.fail_after(HEALTH_TIMEOUT):
             # abandon_on_cancel: a hung store must not hang the probe too.

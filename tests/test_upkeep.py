@@ -1,0 +1,127 @@
+"""Upkeep beside the queries: a query never waits for it, and a kill in the middle of it loses
+nothing (the index opens, answers and passes its check)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from conftest import FMNIST as FMNIST_PATH
+
+from gmmlsh.index import segments, tuner
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+
+
+def _ids(a, b):
+    return [f"v{i}" for i in range(a, b)]
+
+
+@pytest.mark.parametrize("lane", ["fast", "slow"])
+def test_a_query_after_a_write_never_waits_for_upkeep(tmp_path, fmnist, monkeypatch, lane):
+    """Upkeep is held in the middle of a task — a segment being built (fast lane) or a tuning
+    (slow lane) — while another process writes: queries answer meanwhile, and see the write."""
+    X, _, Q, _ = fmnist
+    with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 5000), X[:5000])
+        ix.maintain()
+        inside, release = threading.Event(), threading.Event()
+        held = segments.build_segment if lane == "fast" else tuner.tune
+
+        def slow(*args, **kwargs):
+            inside.set()
+            assert release.wait(120)
+            return held(*args, **kwargs)
+
+        monkeypatch.setattr(segments if lane == "fast" else tuner, held.__name__, slow)
+        if lane == "fast":
+            ix.upsert(_ids(5000, 5000 + segments.TAIL_ROWS), X[5000:5000 + segments.TAIL_ROWS])
+            work = threading.Thread(target=ix.maintain)
+        else:
+            work = threading.Thread(target=ix.maintain, kwargs={"queries": Q[:tuner.MIN_QUERIES]})
+        work.start()
+        try:
+            assert inside.wait(120)
+            code = textwrap.dedent(f"""
+                import numpy as np
+                from gmmlsh.index.index import Index
+                X = np.load({str(FMNIST_PATH)!r})["train"]
+                with Index.open({str(tmp_path / "i")!r}, maintain=False) as ix:
+                    ix.upsert(["written"], X[7000:7001])
+            """)
+            subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+            top = ix.query(X[7000], k=1, mode="exact").neighbors[0]
+            assert top.id == "written" and top.similarity == pytest.approx(1.0)
+            assert ix.query(X[7000], k=1).neighbors[0].id == "written"  # the tuned search, the tail scanned
+            assert work.is_alive() and not release.is_set()  # the upkeep is still held: nobody waited for it
+        finally:
+            release.set()
+            work.join(300)
+        assert ix.check().ok
+
+
+_CHILD = """
+import numpy as np, sys
+from gmmlsh.index import segments, tuner
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+
+X = np.load({fmnist!r})["train"]
+phase = {phase!r}
+held = getattr(segments, "build_segment") if phase == "segment" else getattr(tuner, "tune")
+
+def marked(*args, **kwargs):
+    print("inside", flush=True)
+    return held(*args, **kwargs)
+
+setattr(segments if phase == "segment" else tuner, held.__name__, marked)
+with Index.open({loc!r}, IndexConfig(dim=784, samples=128), maintain=False) as ix:
+    n = ix.count()
+    for step in range(100):
+        lo = n + step * 700
+        ix.upsert(["v%d" % i for i in range(lo, lo + 700)], X[lo % 50000:lo % 50000 + 700])
+        ix.delete(["v%d" % i for i in range(lo - 600, lo - 500)])
+        ix.maintain(queries=X[50000:50000 + tuner.MIN_QUERIES] if phase == "tune" else None)
+"""
+
+
+@pytest.mark.parametrize("phase", ["segment", "tune"])
+def test_killed_in_the_middle_of_upkeep_the_index_opens_answers_and_checks(tmp_path, fmnist, phase):
+    """A process absorbing rows into segments, merging them, fitting lists anew and tuning is
+    SIGKILLed while it builds a segment (or tunes), several times: each time the index opens,
+    answers (the killed work is simply not there: a later run redoes it) and passes its check,
+    and every acknowledged write is in it."""
+    X = fmnist[0]
+    loc = str(tmp_path / "i")
+    with Index.open(loc, IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 3000), X[:3000])
+    rng = np.random.default_rng(7)
+    for _ in range(4):  # kills
+        script = _CHILD.format(fmnist=str(FMNIST_PATH), phase=phase, loc=loc)
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        try:
+            for _ in range(1 + int(rng.integers(0, 3))):  # into the first, second or third such task
+                assert child.stdout.readline().strip() == "inside", "the child ended before upkeep began"
+            threading.Event().wait(float(rng.uniform(0, 0.3)))
+            os.kill(child.pid, signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
+        with Index.open(loc, maintain=False) as ix:
+            assert ix.count() >= 3000
+            report = ix.check()
+            assert report.ok, report.summary()
+            view = ix.view()
+            some = int(np.flatnonzero(view.alive)[-1])
+            name = view.name(some)
+            got = ix.get(name)
+            top = ix.query(got.values, k=1, mode="exact").neighbors[0]
+            assert top.similarity == pytest.approx(1.0)
+            ix.maintain()  # what the kill interrupted, done now
+            assert ix.check().ok and ix.query(got.values, k=1).neighbors[0].similarity == pytest.approx(1.0)
