@@ -1,0 +1,82 @@
+"""Search groups (issue 32, step 1): a node follows the id-shards ``s ≡ g (mod G)`` only.
+
+Real Redis Cluster (3 masters), real mirrors on disk: the groups of one layout hold every
+stored vector exactly once between them, each mirror in a directory named by its group, and
+G = 1 is the whole index.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from redis_fixtures import redis_cluster_url, redis_prefix  # noqa: F401
+
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+
+
+def _data(n: int, dim: int = 24, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.random((n, dim)).astype(np.float32) * (rng.random((n, dim)) < 0.7)
+    X[:, 0] += 0.01  # no all-zero row
+    return [f"v{i}" for i in range(n)], X
+
+
+def _names(index: Index) -> set[str]:
+    view = index.view()
+    live = np.flatnonzero(view.alive[:view.rows])
+    return set(view.names_of(live.tolist()))
+
+
+def test_groups_partition_the_index(redis_cluster_url, redis_prefix, tmp_path):  # noqa: F811
+    ids, X = _data(1200)
+    cfg = IndexConfig(dim=X.shape[1], samples=64, bits=4)
+    opts = {"prefix": redis_prefix, "cache_dir": str(tmp_path / "cache"), "maintain": False, "shards": 8}
+    with Index.open(redis_cluster_url, cfg, **opts) as writer:
+        writer.upsert(ids, X)
+        writer.delete(ids[:100])
+        S = writer.store.shards
+    seen: set[str] = set()
+    for G in (2, 4):
+        layout: list[set[str]] = []
+        for g in range(G):
+            with Index.open(redis_cluster_url, None, group=(g, G), **opts) as node:
+                assert node.mirror.dir.name.endswith(f"-g{g}of{G}")
+                assert len(node.store.token()) == 2 * len(range(g, S, G))
+                names = _names(node)
+                assert all(zlib.crc32(n.encode()) % S % G == g for n in names)
+                assert node.count() == len(names)
+                layout.append(names)
+        assert sum(len(part) for part in layout) == len(set().union(*layout)) == 1100
+        seen = set().union(*layout)
+    with Index.open(redis_cluster_url, None, group=(0, 1), **opts) as whole:
+        assert _names(whole) == seen == set(ids[100:])
+
+
+def test_grouped_node_follows_writes_by_the_epoch(redis_cluster_url, redis_prefix, tmp_path):  # noqa: F811
+    """A grouped store reads the epoch key per query, its counters only once the epoch moved;
+    every write bumps it before it returns, so a query after an acknowledged write sees it."""
+    ids, X = _data(400, seed=1)
+    cfg = IndexConfig(dim=X.shape[1], samples=64, bits=4)
+    opts = {"prefix": redis_prefix, "cache_dir": str(tmp_path / "cache"), "maintain": False, "shards": 4}
+    with Index.open(redis_cluster_url, cfg, **opts) as writer, \
+            Index.open(redis_cluster_url, None, group=(0, 1), **opts) as node:
+        node.query(X[0], k=1, mode="exact")
+        before = node.store.epoch()
+        t = node.store.token()
+        assert node.store.token() == t  # the epoch unchanged: the counters are not read again
+        for i in range(0, 400, 50):
+            writer.upsert(ids[i:i + 50], X[i:i + 50])
+            assert writer.store.last_epoch() == node.store.epoch()
+            hit = node.query(X[i + 49], k=1, mode="exact")
+            assert hit.neighbors[0].id == ids[i + 49]
+        assert node.store.epoch() == before + 8
+        writer.delete([ids[399]])
+        assert all(n.id != ids[399] for n in node.query(X[399], k=3, mode="exact").neighbors)
+
+
+def test_group_is_for_redis_only(tmp_path):
+    with pytest.raises(ValueError, match="group"):
+        Index.open(str(tmp_path / "idx"), IndexConfig(dim=4), group=(0, 2))
