@@ -356,7 +356,7 @@ class Mirror:
             state = self._read_state()
             now = store.token()
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
-                state = self._reset()
+                state = self._went_back(store, state, now)
             if state["token"] is None or tuple(state["token"]) != now:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
                 rows = self._append(store, changes.added, state["rows"])
@@ -368,6 +368,18 @@ class Mirror:
             with self._load_lock:
                 self.view = self._load()
         return self.view
+
+    def _went_back(self, store: Store, state: dict, now: tuple) -> dict:
+        """The store is behind the mirror: only its id-shards that went back are copied again
+        where the store can say which (:mod:`gmmlsh.index.resync`), else everything."""
+        from gmmlsh.index.resync import went_back
+
+        resynced = went_back(self, store, state, now)
+        if resynced is None:
+            return self._reset()
+        self._write_state(resynced)
+        self.written = True
+        return resynced
 
     def _reset(self) -> dict:
         """Forget everything (the store went back in time, e.g. a restored backup)."""

@@ -35,8 +35,9 @@ the shards ``s ≡ g (mod G)`` (writes, lookups and reads by iid still reach eve
 write and delete bumps ``{P}:epoch`` once, after its scripts have run and before it returns
 (so before the write is acknowledged); a grouped store reads that one key instead of its
 shards' counters when asked for the token, and reads the counters only when the epoch has
-moved since it last did: an acknowledged write bumped the epoch before a query that follows
-it read it, so the query still sees the write (see :meth:`token`).
+moved since it last did (and every :data:`EPOCH_REREAD_SECONDS` anyway): an acknowledged write
+bumped the epoch before a query that follows it read it, so the query still sees the write
+(see :meth:`token`).
 
 Reads
 -----
@@ -62,6 +63,7 @@ import functools
 import json
 import re
 import threading
+import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +95,9 @@ _SMALL = {"n", "m"}
 _ALWAYS = ("name", "vector", "sketch")
 #: Records per shard per script call: bounds how long one call blocks Redis.
 _CALL_RECORDS = 2048
+#: Seconds a grouped store trusts counters read at an unchanged epoch: a failover that lost the
+#: epoch's last increments could bring it back to a value it had, over other writes.
+EPOCH_REREAD_SECONDS = 1.0
 #: Replies that mean "not now" (the service answers 503).
 _TRANSIENT = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
@@ -174,7 +179,7 @@ class RedisStore:
         #: The group of id-shards this store follows ((g, G)), or None: all of them.
         self.group = group
         self._epoch_key = f"{{{prefix}}}:epoch"
-        self._cached: tuple[int, Token] | None = None  # (epoch, token read after it), grouped stores
+        self._cached: tuple[int, Token, float] | None = None  # (epoch, token read after it, when): grouped
         self._local = threading.local()
         self._new_shards = shards
         self._want_cluster = cluster
@@ -480,17 +485,18 @@ class RedisStore:
         if self.group is None:
             return self._counters()
         cached = self._cached
+        fresh = cached is not None and time.monotonic() - cached[2] < EPOCH_REREAD_SECONDS
         assumed = getattr(self._local, "assumed", None)
-        if cached is not None and assumed is not None and assumed <= cached[0]:
+        if fresh and assumed is not None and assumed <= cached[0]:
             return cached[1]
         epoch = self.epoch()
         if assumed is not None and epoch < assumed:
             raise SessionAhead(f"the session token (epoch {assumed}) is ahead of the store (epoch {epoch}): "
                                "writes acknowledged to this session were lost (a Redis failover?)")
-        if cached is not None and epoch == cached[0]:
+        if fresh and epoch == cached[0]:
             return cached[1]
         now = self._counters()
-        self._cached = (epoch, now)
+        self._cached = (epoch, now, time.monotonic())
         return now
 
     def _counters(self) -> Token:
