@@ -28,6 +28,8 @@ def index_options(settings: Settings) -> dict:
         opts["max_readers"] = settings.max_readers
     elif settings.cache_dir:
         opts["cache_dir"] = settings.cache_dir
+    if settings.group_pair is not None:
+        opts["group"] = settings.group_pair
     return opts
 
 

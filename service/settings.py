@@ -65,6 +65,19 @@ class Settings(_creation_settings()):
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
                                   f"(default {DEFAULT_CACHE_DIR})")
 
+    # --- sharded search (a search node behind `gmmlsh route`, and the router) ----------------
+    group: str | None = Field(None, pattern=r"^\d+/\d+$", description="search node: serve group g of G of the "
+                              "index's id-shards (those with s mod G = g), written g/G; Redis only")
+    advertise: str | None = Field(None, description="search node: the URL the router reaches it at (default "
+                                  "http://HOST:PORT)")
+    route_groups: int | None = Field(None, ge=1, le=1024, description="router: answer through the layout of this "
+                                     "many groups (default: the largest one every group of which has a live node)")
+    hedge_after: float | None = Field(None, gt=0, description="router: seconds before a second replica of a group "
+                                      "is asked too (default: that group's 95th percentile latency)")
+    node_timeout: float = Field(10.0, gt=0, description="router: seconds a search node may take to answer")
+    route_window: float = Field(0.0005, ge=0, le=0.05, description="router: seconds queries arriving together "
+                                "wait to travel to the nodes in one call")
+
     # --- search parameters (unset: what the index tuned for itself) ------------------------
     candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES,
                                    description="rerank budget: rows reranked by GMM per query (postings: "
@@ -131,7 +144,24 @@ class Settings(_creation_settings()):
             IndexConfig(**{"dim": 1, **given})
         if self.default_k > self.max_k:
             raise ValueError(f"default_k ({self.default_k}) is over max_k ({self.max_k})")
+        if self.group is not None:
+            g, G = self.group_pair  # type: ignore[misc]
+            if not 0 <= g < G:
+                raise ValueError(f"group: expected g/G with 0 ≤ g < G, got {self.group}")
         return self
+
+    @property
+    def group_pair(self) -> tuple[int, int] | None:
+        """:attr:`group` as ``(g, G)``."""
+        if self.group is None:
+            return None
+        g, G = self.group.split("/")
+        return int(g), int(G)
+
+    @property
+    def advertised(self) -> str:
+        """The URL a router reaches this node at."""
+        return (self.advertise or f"http://{self.host}:{self.port}").rstrip("/")
 
     @property
     def creation_given(self) -> dict:
