@@ -40,7 +40,7 @@ from gmmlsh.service.hot import HotPath
 from gmmlsh.service.lane import QueryLane
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
-from gmmlsh.service.node import Heartbeat, internal_search
+from gmmlsh.service.node import Heartbeat, Publisher, internal_search
 from gmmlsh.service.opening import IndexOpenError, open_index
 from gmmlsh.service.routes import api, docs, public
 from gmmlsh.service.schemas import request_schemas
@@ -139,6 +139,9 @@ def create_app(settings: Settings | None = None) -> App:
         app.state.index = index
         heartbeat = (Heartbeat(index, settings.advertised, settings.group_pair, app.state).start()
                      if settings.group_pair is not None else None)
+        publisher = (Publisher(index, settings.snapshots, settings.advertised, settings.group_pair,
+                               settings.snapshot_every).start()
+                     if settings.group_pair is not None and settings.snapshots else None)
         metrics.bind_index(index.count)
         # Everything made so far lives as long as the worker: out of the garbage collector's
         # sight, a full collection (each query leaves short-lived objects) scans only what
@@ -150,6 +153,8 @@ def create_app(settings: Settings | None = None) -> App:
         finally:
             if heartbeat is not None:
                 await run_in_threadpool(heartbeat.stop)
+            if publisher is not None:
+                await run_in_threadpool(publisher.stop)
             metrics.bind_index(None)
             app.state.index = None
             await run_in_threadpool(app.state.lane.stop)

@@ -47,6 +47,50 @@ def node_key(prefix: str, url: str) -> str:
     return f"{{{prefix}}}:node:{url}"
 
 
+class Publisher:
+    """The builder duty of a node's group: while it holds the group's lease, publish its mirror
+    as a snapshot whenever it has something new (every ``every`` seconds at most; one process
+    of the machine at a time)."""
+
+    def __init__(self, index: Index, where: str, holder: str, group: tuple[int, int], every: float) -> None:
+        from gmmlsh.index.snapshots import Lease, open_snapshots
+
+        self.index, self.group, self.every = index, group, every
+        self.snaps = open_snapshots(where, index.store.prefix, index.config.uid)
+        self.lease = Lease(index.store, group, holder)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gmmlsh-snapshots", daemon=True)
+
+    def start(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def round(self):
+        """One look: the snapshot published, or None."""
+        from gmmlsh.index.snapshots import publish
+
+        if not self.lease.hold():
+            return None
+        with self.index.mirror.locked("snapshot", blocking=False) as mine:
+            if not mine:
+                return None
+            made = publish(self.index.mirror, self.snaps, self.group)
+        if made is not None:
+            log.info("snapshot %s published (%d rows)", made.name, made.rows)
+        return made
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.round()
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.warning("snapshot round failed: %s", exc)
+
+
 class Heartbeat:
     """Announces a search node in Redis while it runs: its URL, group, readiness and what its
     mirror holds (a thread; the store's client, so a Redis outage is only a missed beat)."""

@@ -70,6 +70,11 @@ class Settings(_creation_settings()):
                               "index's id-shards (those with s mod G = g), written g/G; Redis only")
     advertise: str | None = Field(None, description="search node: the URL the router reaches it at (default "
                                   "http://HOST:PORT)")
+    snapshots: str | None = Field(None, description="search node: a directory shared by the nodes (a volume) where "
+                                  "the builder of each group (a lease in Redis) publishes its mirror, and from which a "
+                                  "node with an empty mirror starts")
+    snapshot_every: float = Field(60.0, gt=0, description="search node: seconds between the builder's looks for "
+                                  "something new to publish")
     route_groups: int | None = Field(None, ge=1, le=1024, description="router: answer through the layout of this "
                                      "many groups (default: the largest one every group of which has a live node)")
     hedge_after: float | None = Field(None, gt=0, description="router: seconds before a second replica of a group "
