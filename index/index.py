@@ -221,11 +221,12 @@ class Index:
             self.upkeep.poke(view)
         return view
 
-    def warm(self) -> View:
+    def warm(self, vectors: bool = True) -> View:
         """Bring the search mirror up to date and map its hot columns into this process, so
-        that the first queries take no page faults (a server does it at start)."""
+        that the first queries take no page faults (a server does it at start); ``vectors``
+        False leaves the vectors column on disk (see :meth:`Mirror.populate`)."""
         view = self.view()
-        self.mirror.populate()
+        self.mirror.populate(vectors)
         return view
 
     def params(self, view: View, **given) -> SearchParams:

@@ -483,12 +483,16 @@ class Mirror:
         self.publish(take)
         return out
 
-    def populate(self) -> float:
+    def populate(self, vectors: bool = True) -> float:
         """Map the columns a query reads into this process ahead of the queries (one worker's
-        first queries would otherwise each take page faults); returns the seconds it took."""
+        first queries would otherwise each take page faults); returns the seconds it took.
+        ``vectors`` False leaves the vectors column (most of the mirror; an answer reads the
+        few rows it reranks) mapped but on disk: only the hot set is brought into RAM."""
         t0 = time.perf_counter()
         view = self.refresh()
         hot = list(view.row_bundle[:-1]) + list(view.lists[:6]) + list(view.postings[1:7])
+        if not vectors:
+            hot = [a for a in hot if a is not view.row_bundle.vi and a is not view.row_bundle.vf]
         for array in hot:
             populate(array)
         return time.perf_counter() - t0

@@ -65,7 +65,7 @@ def _warm(index: Index, state) -> None:
     meanwhile (``/health`` 503 ``starting``; a query arriving first compiles what it needs itself)."""
     t0 = time.perf_counter()
     try:
-        view = index.warm()
+        view = index.warm(vectors=state.settings.vectors_in_ram)
         log.info("search mirror up to date and mapped: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
         t1 = time.perf_counter()
         if warm_queries(index):

@@ -75,6 +75,9 @@ class Settings(_creation_settings()):
                                   "node with an empty mirror starts")
     snapshot_every: float = Field(60.0, gt=0, description="search node: seconds between the builder's looks for "
                                   "something new to publish")
+    populate_vectors: bool | None = Field(None, description="map the vectors column (most of the mirror) into RAM "
+                                          "at start; off, only the hot set is, and an answer reads the few vectors "
+                                          "it reranks from disk (default: on, except on a search node of a group)")
     route_groups: int | None = Field(None, ge=1, le=1024, description="router: answer through the layout of this "
                                      "many groups (default: the largest one every group of which has a live node)")
     hedge_after: float | None = Field(None, gt=0, description="router: seconds before a second replica of a group "
@@ -164,9 +167,24 @@ class Settings(_creation_settings()):
         return int(g), int(G)
 
     @property
+    def vectors_in_ram(self) -> bool:
+        """:attr:`populate_vectors`, or its default."""
+        return self.populate_vectors if self.populate_vectors is not None else self.group is None
+
+    @property
     def advertised(self) -> str:
         """The URL a router reaches this node at."""
-        return (self.advertise or f"http://{self.host}:{self.port}").rstrip("/")
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):  # listening everywhere: this machine's own address (a container's)
+            import socket
+
+            try:
+                host = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
 
     @property
     def creation_given(self) -> dict:

@@ -37,6 +37,8 @@ SHARED = REPO.parent / "shared"
 NOT_HERE = {
     ("Quick start", "pytest"): "the test command: it is what runs this test",
     ("Deployment", "docker"): "tests/test_docker.py runs the Docker blocks against a real engine",
+    ("Beyond one machine", "gmmlsh route"): "it needs a Redis Cluster: tests/test_router.py runs that layout "
+    "with real processes",
 }
 #: A shell that stops at the first failing command, and a curl that fails on an HTTP error.
 PRELUDE = 'set -euo pipefail\ncurl() { command curl -sS --fail-with-body "$@"; echo; }\n'
