@@ -38,7 +38,9 @@ from functools import lru_cache
 import httpx
 import numpy as np
 import orjson
+from redis.exceptions import RedisError
 
+from gmmlsh.index.store.base import StoreUnavailable
 from gmmlsh.service.node import node_key, nodes_key
 from gmmlsh.service.wire import MEDIA, NodeAnswer, NodeQuery, decode_answers, encode_queries
 
@@ -218,7 +220,10 @@ class Fanout:
         try:
             epoch = max((p.epoch for p in batch if p.epoch is not None), default=None)
             if any(p.strong for p in batch):  # read after every query of the batch arrived
-                now = int(await self.redis.get(f"{{{self.prefix}}}:epoch") or 0)
+                try:
+                    now = int(await self.redis.get(f"{{{self.prefix}}}:epoch") or 0)
+                except RedisError as exc:
+                    raise StoreUnavailable(f"Redis did not answer the epoch read: {type(exc).__name__}") from None
                 epoch = now if epoch is None else max(epoch, now)
             queries = [q for p in batch for q in p.queries]
             per_query, missing, G = await self._scatter(queries, epoch)
