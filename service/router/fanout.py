@@ -35,13 +35,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import httpx
 import numpy as np
 import orjson
 from redis.exceptions import RedisError
 
 from gmmlsh.index.store.base import StoreUnavailable
 from gmmlsh.service.node import node_key, nodes_key
+from gmmlsh.service.router.http import Pool
 from gmmlsh.service.wire import MEDIA, NodeAnswer, NodeQuery, decode_answers, encode_queries
 
 log = logging.getLogger("gmmlsh.router")
@@ -130,9 +130,8 @@ class Fanout:
         self.route_groups, self.fixed_hedge, self.timeout, self.window = route_groups, hedge_after, timeout, window
         self.replicas: dict[str, Replica] = {}
         self.latency: dict[tuple[int, int], GroupLatency] = {}
-        headers = {"content-type": MEDIA, **({"x-api-key": api_key} if api_key else {})}
-        self.http = httpx.AsyncClient(headers=headers, timeout=timeout,
-                                      limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+        headers = {"Content-Type": MEDIA, **({"X-API-Key": api_key} if api_key else {})}
+        self.http = Pool(headers, timeout)
         self._pending: list[_Pending] = []
         self._flush: asyncio.TimerHandle | None = None
         self._task: asyncio.Task | None = None
@@ -150,7 +149,7 @@ class Fanout:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        await self.http.aclose()
+        await self.http.close()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -312,15 +311,12 @@ class Fanout:
                 rep.inflight -= 1
 
     async def _post(self, rep: Replica, body: bytes) -> list[NodeAnswer]:
-        try:
-            res = await self.http.post(rep.url + "/internal/search", content=body)
-        except httpx.HTTPError as exc:
-            raise ConnectionError(f"{type(exc).__name__}: {exc}") from None
-        if res.status_code == 200:
-            return decode_answers(res.content)[0]
-        if 400 <= res.status_code < 500 and res.status_code not in (408, 429):
-            raise NodeRefused(res.status_code, res.content)
-        raise ConnectionError(f"HTTP {res.status_code}: {res.text[:200]}")
+        status, content = await self.http.post(rep.url, "/internal/search", body)
+        if status == 200:
+            return decode_answers(content)[0]
+        if 400 <= status < 500 and status not in (408, 429):
+            raise NodeRefused(status, content)
+        raise ConnectionError(f"HTTP {status}: {content[:200].decode('utf-8', 'replace')}")
 
 
 def _for_groups(q: NodeQuery, G: int) -> NodeQuery:
