@@ -283,9 +283,10 @@ def main(argv: list[str] | None = None) -> None:
         calls0 = hmget_calls(args.port)
         t0 = time.perf_counter()
         start_node("g1of2b", "1/2").wait()
-        restored = "restored from snapshot" in (work / "g1of2b.log").read_text()
+        restored = [json.loads(p.read_text())["snapshot"] for p in (work / "g1of2b").rglob("restored.json")]
         note("wiped node back", seconds=round(time.perf_counter() - t0, 1), from_snapshot=restored,
-             hmget_calls_during_start=hmget_calls(args.port) - calls0)
+             hmget_calls_during_start=hmget_calls(args.port) - calls0,
+             group_rows=httpx.get(nodes["g1of2b"].url + "/stats").json()["mirror"]["rows"])
         time.sleep(args.phase_seconds)
 
         phase("4 SIGKILL a Redis master")

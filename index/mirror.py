@@ -356,6 +356,9 @@ class Mirror:
             state = self._read_state()
             now = store.token()
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
+                fresh = getattr(store, "token_fresh", None)  # a cached token older than the mirror?
+                now = fresh() if fresh is not None else now
+            if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
                 state = self._went_back(store, state, now)
             if state["token"] is None or tuple(state["token"]) != now:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))

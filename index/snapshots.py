@@ -35,9 +35,11 @@ log = logging.getLogger("gmmlsh.snapshots")
 
 #: Snapshots kept per group (older ones are removed once a newer one is published).
 KEEP = 2
+#: What a restored mirror keeps of where it came from (which snapshot, when).
+RESTORED = "restored.json"
 #: Files of a mirror directory that belong to this machine's processes, not to a snapshot.
 _LOCAL = (".lock", ".tmp", "upkeep.log", "upkeep-fast.json", "upkeep-slow.json", "state.json", "durable.json",
-          "served.npz", "served.json")
+          "served.npz", "served.json", RESTORED)
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ def restore(mirror_dir: Path, snapshots: DirectorySnapshots, group: tuple[int, i
         tmp = mirror_dir / f"{name}.restore.tmp"
         tmp.write_text(json.dumps(state))
         os.replace(tmp, mirror_dir / name)
+    (mirror_dir / RESTORED).write_text(json.dumps({"snapshot": manifest.name, "rows": manifest.rows,
+                                                   "at": time.time()}))
     log.info("mirror restored from snapshot %s: %d rows, catching up from its token", manifest.name, manifest.rows)
     return manifest
 

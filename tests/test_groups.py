@@ -120,3 +120,29 @@ def test_a_shard_that_went_back_is_resynced_alone(redis_cluster_url, redis_prefi
         mine = {a for a in again if zlib.crc32(a.encode()) % S % 2 == 0}
         assert mine and mine <= _names(node)
         assert _names(node) == (names | mine)
+
+
+def test_a_cached_token_older_than_the_mirror_is_not_a_regression(redis_cluster_url, redis_prefix,  # noqa: F811
+                                                                  tmp_path):
+    """Two processes share a node's mirror (a server and its upkeep worker): one's cached token
+    can be older than the mirror the other synced. That is no store going back: nothing is
+    copied again, no row doubled."""
+    ids, X = _data(300, seed=4)
+    cfg = IndexConfig(dim=X.shape[1], samples=64, bits=4)
+    opts = {"prefix": redis_prefix, "cache_dir": str(tmp_path / "cache"), "maintain": False, "shards": 4}
+    with Index.open(redis_cluster_url, cfg, **opts) as writer, \
+            Index.open(redis_cluster_url, None, group=(0, 1), **opts) as one, \
+            Index.open(redis_cluster_url, None, group=(0, 1), **opts) as two:
+        writer.upsert(ids[:200], X[:200])
+        old_epoch = two.store.epoch()
+        two.query(X[0], k=1, mode="exact")  # two caches the token at this epoch
+        writer.upsert(ids[200:], X[200:])
+        one.query(X[0], k=1, mode="exact")  # one syncs the shared mirror past it
+        rows = one.mirror.refresh().rows
+        two.store.assume_epoch(old_epoch)  # e.g. a router's session token from before the write
+        try:
+            hits = two.query(X[250], k=2, mode="exact").neighbors
+        finally:
+            two.store.assume_epoch(None)
+        assert hits[0].id == ids[250] and hits[1].id != ids[250]
+        assert two.mirror.refresh().rows == rows == 300

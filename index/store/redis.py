@@ -134,6 +134,8 @@ def _guarded(fn: Callable) -> Callable:
         except StoreError:
             raise
         except (*_UNAVAILABLE, RedisError) as e:
+            if isinstance(e, _UNAVAILABLE):
+                self._relearn_slots()
             raise self._translate(e) from None
 
     return wrapper
@@ -181,6 +183,8 @@ class RedisStore:
         self._epoch_key = f"{{{prefix}}}:epoch"
         self._cached: tuple[int, Token, float] | None = None  # (epoch, token read after it, when): grouped
         self._local = threading.local()
+        self._cache_lock = threading.Lock()
+        self._reads = self._cached_ticket = 0
         self._new_shards = shards
         self._want_cluster = cluster
         self._socket_timeout = socket_timeout
@@ -201,11 +205,23 @@ class RedisStore:
         if isinstance(e, OutOfMemoryError) or text.startswith("OOM"):
             return DiskFull(f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): "
                             "nothing was written; free memory or raise maxmemory, then retry")
-        if isinstance(e, ResponseError) and not text.startswith(_TRANSIENT):
+        if isinstance(e, ResponseError) and not isinstance(e, _UNAVAILABLE) and not text.startswith(_TRANSIENT):
             if "GMMLSH" in text:
                 return StoreError(text.split("GMMLSH", 1)[1].strip())
             return StoreError(f"Redis at {mask_url(self.url)} refused a command: {text}")
         return StoreUnavailable(f"Redis at {mask_url(self.url)} unavailable: {type(e).__name__}: {text}")
+
+    def _relearn_slots(self) -> None:
+        """After a node of a Cluster failed to answer: learn which node serves each slot again,
+        so the next call reaches the replica promoted in its place (redis-py's pipelines keep
+        sending a failed master's slots to it; its single commands relearn on their own)."""
+        client = self._client
+        if not self._cluster or client is None:
+            return
+        try:
+            client.nodes_manager.initialize()
+        except Exception:  # noqa: BLE001 - no node answers yet: the next failure tries again
+            pass
 
     def _scrub(self, text: str) -> str:
         try:
@@ -481,7 +497,9 @@ class RedisStore:
     def token(self) -> Token:
         """Where the feed of the shards this store follows stands. A grouped store reads the
         epoch first and the shards' counters only if it moved since they were last read (a
-        token read after epoch ``e`` holds every write that bumped the epoch to ``e`` or less)."""
+        token read after epoch ``e`` holds every write that bumped the epoch to ``e`` or less).
+        Such a token may be older than one another process read since (a mirror it synced):
+        :meth:`token_fresh` reads the counters now."""
         if self.group is None:
             return self._counters()
         cached = self._cached
@@ -495,8 +513,24 @@ class RedisStore:
                                "writes acknowledged to this session were lost (a Redis failover?)")
         if fresh and epoch == cached[0]:
             return cached[1]
+        return self._read_after(epoch)
+
+    def token_fresh(self) -> Token:
+        """The counters read now (a grouped store's cache brought up to them)."""
+        if self.group is None:
+            return self._counters()
+        return self._read_after(self.epoch())
+
+    def _read_after(self, epoch: int) -> Token:
+        """The counters, read after ``epoch`` was; cached unless a read that started later got
+        there first (threads race: the cache only ever moves to a later read)."""
+        with self._cache_lock:
+            self._reads += 1
+            ticket = self._reads
         now = self._counters()
-        self._cached = (epoch, now, time.monotonic())
+        with self._cache_lock:
+            if ticket > self._cached_ticket:
+                self._cached, self._cached_ticket = (epoch, now, time.monotonic()), ticket
         return now
 
     def _counters(self) -> Token:
