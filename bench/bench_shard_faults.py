@@ -109,8 +109,13 @@ def hmget_calls(port: int) -> int:
     return total
 
 
-def dbsize(port: int) -> int:
-    return sum(int(cli(m["port"], "dbsize").strip() or 0) for m in masters(port).values())
+def data_keys(port: int) -> int:
+    """Keys of the index's records in the Cluster (not the nodes' announcements or leases)."""
+    total = 0
+    for m in masters(port).values():
+        keys = cli(m["port"], "--scan", "--pattern", f"{{{PREFIX}:*").split()
+        total += len(keys)
+    return total
 
 
 class Load:
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         phase("7 grow G 2 → 4 while serving")
         load.paused.set()
         time.sleep(1)
-        keys0 = dbsize(alive)
+        keys0 = data_keys(alive)
         before = httpx.post(router.url + "/neighbors/search", content=Q[:50].astype("<f4").tobytes(),
                             params={"k": 10, "mode": "exact"},
                             headers={"content-type": "application/octet-stream"}, timeout=120).json()
@@ -343,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         same = [[(n["id"], n["similarity"]) for n in a["neighbors"]] for a in before["results"]] == \
                [[(n["id"], n["similarity"]) for n in a["neighbors"]] for a in after["results"]]
         note("exact answers before and after", identical=same, redis_keys_before=keys0,
-             redis_keys_after=dbsize(alive))
+             redis_keys_after=data_keys(alive))
         load.paused.clear()
         time.sleep(args.phase_seconds)
 

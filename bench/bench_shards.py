@@ -61,8 +61,52 @@ def memory(pid: int) -> dict:
     return out
 
 
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def memory_cgroup(pid: int, name: str, limit: int = 0) -> Path | None:
+    """A memory cgroup of its own for a process (cgroup v1, as root; None where there is none),
+    capped at ``limit`` bytes (0: no cap, only measured). Its children (the upkeep worker) join it."""
+    if not (CGROUP_V1 / "cgroup.procs").exists() or not os.access(CGROUP_V1, os.W_OK):
+        return None
+    d = CGROUP_V1 / f"gmmlsh-bench-{os.getpid()}-{name}"
+    d.mkdir(exist_ok=True)
+    if limit:
+        (d / "memory.limit_in_bytes").write_text(str(limit))
+    (d / "cgroup.procs").write_text(str(pid))
+    return d
+
+
+def cgroup_peak(d: Path | None) -> int | None:
+    if d is None:
+        return None
+    try:
+        return int((d / "memory.max_usage_in_bytes").read_text())
+    except OSError:
+        return None
+
+
+def cgroup_oom_kills(d: Path | None) -> int:
+    try:
+        return int(next(line.split()[1] for line in (d / "memory.oom_control").read_text().splitlines()
+                        if line.startswith("oom_kill ")))
+    except (OSError, StopIteration, TypeError):
+        return 0
+
+
+def remove_cgroup(d: Path | None) -> None:
+    if d is not None:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
 class Proc:
-    def __init__(self, args: list[str], log: Path, env: dict | None = None):
+    def __init__(self, args: list[str], log: Path, env: dict | None = None, memory_limit: int = 0,
+                 name: str = ""):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         out = open(log, "ab")
@@ -71,6 +115,7 @@ class Proc:
                                      env={**os.environ, "GMMLSH_LOG_LEVEL": "warning", "GMMLSH_ACCESS_LOG": "false",
                                           **(env or {})}, start_new_session=True)
         out.close()
+        self.cgroup = memory_cgroup(self.proc.pid, name or str(self.port), memory_limit) if name else None
 
     def wait(self, want: dict | None = None, timeout: float = 3600) -> None:
         deadline = time.monotonic() + timeout
@@ -93,6 +138,13 @@ class Proc:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.cgroup is not None:
+            for pid in (self.cgroup / "cgroup.procs").read_text().split():  # its upkeep worker, if any
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except OSError:
+                    pass
+            remove_cgroup(self.cgroup)
 
 
 def start_cluster(work: Path, port: int) -> list[subprocess.Popen]:
@@ -149,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--port", type=int, default=7010, help="first of the Cluster's 3 ports")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--memory-limit", type=float, default=0, help="MB: cap every serving process (and its upkeep "
+                    "worker) at this much memory, page cache included (a cgroup v1 of its own; as root)")
     args = ap.parse_args(argv)
 
     from gmmlsh.index.config import IndexConfig
@@ -162,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     procs: list[Proc] = []
     results: dict = {"rows": args.rows, "queries": args.queries, "layouts": {}}
     env1 = {"NUMBA_NUM_THREADS": "1"}
+    limit = int(args.memory_limit * 2**20)
+    results["memory_limit_mb"] = args.memory_limit
     try:
         url = f"redis://127.0.0.1:{args.port}/0"
         t0 = time.perf_counter()
@@ -177,17 +233,27 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             if G is None:
                 nodes = [Proc(["serve", "--redis", url, "--prefix", "bench", "--cache-dir", str(work / "one")],
-                              work / "one.log", env1)]
+                              work / "one.log", env1, limit, "one")]
                 front = nodes[0]
             else:
                 nodes = [Proc(["serve", "--redis", url, "--prefix", "bench", "--group", f"{g}/{G}", "--cache-dir",
-                               str(work / f"g{g}of{G}")], work / f"g{g}of{G}.log", env1) for g in range(G)]
+                               str(work / f"g{g}of{G}")], work / f"g{g}of{G}.log", env1, limit, f"g{g}of{G}")
+                         for g in range(G)]
                 front = Proc(["route", "--redis", url, "--prefix", "bench", "--groups", str(G)], work / f"r{G}.log",
                              env1)
                 procs.append(front)
             procs.extend(nodes)
-            for n in nodes:
-                n.wait()
+            try:
+                for n in nodes:
+                    n.wait()
+            except RuntimeError as exc:  # a node died (over its memory limit?)
+                ooms = sum(cgroup_oom_kills(n.cgroup) for n in nodes)
+                results["layouts"][name] = {"failed": str(exc)[:300], "oom_kills": ooms}
+                print(name, json.dumps(results["layouts"][name]), flush=True)
+                for p in [*nodes, *([front] if G else [])]:
+                    p.stop()
+                    procs.remove(p) if p in procs else None
+                continue
             front.wait({"groups": G} if G else None)
             run_queries(front.url, warm)  # every node warm, and tuned on served queries
             time.sleep(2 * 0.5 + 1)  # the upkeep worker started by the last of them
@@ -199,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
             node_cpu = sum(cpu_seconds(n.proc.pid) - b for n, b in zip(nodes, before, strict=True))
             router_cpu = (cpu_seconds(front.proc.pid) - rbefore) if G else 0.0
             mem = [memory(n.proc.pid) for n in nodes]
+            peaks = [cgroup_peak(n.cgroup) for n in nodes]
             disk = {}
             for g in range(G or 1):
                 for key, v in mirror_bytes(work / ("one" if G is None else f"g{g}of{G}")).items():
@@ -211,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
                    "start_s": round(started, 1),
                    "node_rss_mb": [round(m["VmRSS"] / 2**20, 1) for m in mem],
                    "node_rss_file_mb": [round(m.get("RssFile", 0) / 2**20, 1) for m in mem],
+                   "node_peak_mb": [round(p / 2**20, 1) if p else None for p in peaks],
+                   "oom_kills": sum(cgroup_oom_kills(n.cgroup) for n in nodes),
                    "mirror_disk_mb": {k: round(v / 2**20, 2) for k, v in sorted(disk.items())}}
             results["layouts"][name] = res
             print(name, json.dumps(res), flush=True)
@@ -230,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\n| layout | recall@10 | Δ vs one node | node CPU ms/query | router CPU ms/query | p50 ms | p99 ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results["layouts"].items():
+        if "failed" in r:
+            print(f"| {name} | failed: {r['failed'][:80]} (OOM kills {r['oom_kills']}) | | | | | |")
+            continue
         delta = r["recall@10"] - one.get("recall@10", r["recall@10"])
         print(f"| {name} | {r['recall@10']:.4f} | {delta:+.4f} | {r['node_cpu_ms_per_query']} | "
               f"{r['router_cpu_ms_per_query']} | {r['p50_ms']} | {r['p99_ms']} |")

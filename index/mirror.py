@@ -362,6 +362,7 @@ class Mirror:
                 state = self._went_back(store, state, now)
             if state["token"] is None or tuple(state["token"]) != now:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
+                state, changes = self._lost_tails(store, state, changes)
                 rows = self._append(store, changes.added, state["rows"])
                 retired = self._retire(changes.retired, rows)
                 state.update(rows=rows, token=list(changes.token),
@@ -383,6 +384,19 @@ class Mirror:
         self._write_state(resynced)
         self.written = True
         return resynced
+
+    def _lost_tails(self, store: Store, state: dict, changes):
+        """Shards whose newest records the mirror holds were lost and written over since (see
+        :func:`gmmlsh.index.resync.lost_tails`) are copied again; (state, changes) to go on with."""
+        from gmmlsh.index.resync import lost_tails, went_back
+
+        lost = lost_tails(self, store, state, changes.token, changes.retired)
+        if not lost:
+            return state, changes
+        resynced = went_back(self, store, state, changes.token, lost)
+        if resynced is None:
+            return self._reset(), store.changes(None)
+        return resynced, store.changes(tuple(resynced["token"]))
 
     def _reset(self) -> dict:
         """Forget everything (the store went back in time, e.g. a restored backup)."""

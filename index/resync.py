@@ -19,10 +19,11 @@ import numpy as np
 log = logging.getLogger("gmmlsh.mirror")
 
 
-def went_back(mirror, store, state: dict, now: tuple) -> dict | None:
-    """Resync the id-shards whose counters in ``now`` are behind the mirror's token (under the
-    mirror's ``sync`` lock); returns the state to go on from (its token: ``now`` for those
-    shards, the mirror's for the others), or None if only a rebuild will do."""
+def went_back(mirror, store, state: dict, now: tuple, lost: list[int] | None = None) -> dict | None:
+    """Resync the id-shards whose counters in ``now`` are behind the mirror's token, and those
+    at the positions ``lost`` (:func:`lost_tails`), under the mirror's ``sync`` lock; returns the
+    state to go on from (its token: ``now`` for those shards, the mirror's for the others), or
+    None if only a rebuild will do."""
     mine = getattr(store, "mine", None)
     old = state.get("token")
     if mine is None or old is None or len(old) != len(now):
@@ -31,7 +32,8 @@ def went_back(mirror, store, state: dict, now: tuple) -> dict | None:
     if len(shards) * 2 != len(now):
         return None
     S = store.shards
-    back = [i for i in range(len(shards)) if now[2 * i] < old[2 * i] or now[2 * i + 1] < old[2 * i + 1]]
+    back = sorted({i for i in range(len(shards)) if now[2 * i] < old[2 * i] or now[2 * i + 1] < old[2 * i + 1]}
+                  | set(lost or ()))
     if not back:
         return None
     names = [shards[i] for i in back]
@@ -54,3 +56,37 @@ def went_back(mirror, store, state: dict, now: tuple) -> dict | None:
                 "again; the other %d shard(s) kept", names, retired, added, len(shards) - len(back))
     state.update(rows=rows + added, token=token, live=state["live"] - retired + added)
     return state
+
+
+def lost_tails(mirror, store, state: dict, now: tuple, retired: np.ndarray) -> list[int]:
+    """Positions (in the token) of the id-shards whose counters moved on from the mirror's token
+    but whose last record the mirror holds is gone without being retired, or is another record
+    now: writes lost in a failover, and the shard's sequence has grown past where it went back
+    to before the mirror looked (its counters alone do not show it). Lost writes are always the
+    newest of a shard, so its last record tells. Search nodes only (a grouped store): one read
+    of the shards that moved."""
+    old = state.get("token")
+    if getattr(store, "group", None) is None or old is None or len(old) != len(now):
+        return []
+    shards, S = store.mine(), store.shards
+    moved = [i for i in range(len(shards)) if old[2 * i] > 0 and (now[2 * i], now[2 * i + 1]) !=
+             (old[2 * i], old[2 * i + 1])]
+    if not moved:
+        return []
+    last = np.array([(old[2 * i] - 1) * S + shards[i] for i in moved], dtype=np.int64)
+    rowof = mirror._rowof.whole()
+    rows = [int(rowof[x]) - 1 if x < rowof.shape[0] else -1 for x in last.tolist()]
+    names = store.read(last, ["name"])["name"]
+    gone = set(retired.tolist())
+    alive = mirror._alive.rows(state["rows"])
+    out = []
+    for j, i in enumerate(moved):
+        r = rows[j]
+        if not 0 <= r < state["rows"]:
+            continue  # never mirrored (retired before the mirror looked)
+        if names[j] is None:
+            if alive[r] and int(last[j]) not in gone:
+                out.append(i)
+        elif names[j] != mirror._names.get(state["rows"], r):
+            out.append(i)
+    return out

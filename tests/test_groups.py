@@ -146,3 +146,33 @@ def test_a_cached_token_older_than_the_mirror_is_not_a_regression(redis_cluster_
             two.store.assume_epoch(None)
         assert hits[0].id == ids[250] and hits[1].id != ids[250]
         assert two.mirror.refresh().rows == rows == 300
+
+
+def test_lost_writes_written_over_before_the_node_looked(redis_cluster_url, redis_prefix, tmp_path):  # noqa: F811
+    """The failover lost a shard's last records and new writes took the shard's sequence past
+    where it was before any node looked: its counters only grew, yet the mirror's newest rows
+    of it are gone. The node sees that its last record of the shard is gone unretired, and
+    copies that shard again (only that one)."""
+    ids, X = _data(600, seed=6)
+    cfg = IndexConfig(dim=X.shape[1], samples=64, bits=4)
+    opts = {"prefix": redis_prefix, "cache_dir": str(tmp_path / "cache"), "maintain": False, "shards": 4}
+    with Index.open(redis_cluster_url, cfg, **opts) as writer, \
+            Index.open(redis_cluster_url, None, group=(0, 2), **opts) as node:
+        writer.upsert(ids, X)
+        node.view()
+        store, S = writer.store, writer.store.shards
+        seq = int(store.guarded(lambda r: r.get(store._tag(2) + "seq")))
+        lost = []
+        for q in range(seq - 3, seq):
+            name = store.read(np.array([q * S + 2]), ["name"])["name"][0].decode()
+            lost.append(name)
+            store.guarded(lambda r, q=q: [r.hdel(f"{store._tag(2)}{fam}:{q // c}", str(q % c))
+                                          for fam, c in (("n", 128), ("v", 1024), ("k", 1024), ("m", 128))])
+            store.guarded(lambda r, name=name: r.hdel(store._tag(2) + "ids", name))
+        store.guarded(lambda r: (r.set(store._tag(2) + "seq", seq - 3), r.decrby(store._tag(2) + "live", 3)))
+        new = [n for n in (f"new{i}" for i in range(400)) if zlib.crc32(n.encode()) % S == 2][:6]
+        writer.upsert(new, X[:6] * 2)  # shard 2's sequence ends past where it was
+        assert int(store.guarded(lambda r: r.get(store._tag(2) + "seq"))) > seq
+        names = _names(node)
+        assert not set(lost) & names and set(new) <= names
+        assert len(names) == node.count()
