@@ -26,7 +26,6 @@ from starlette.responses import Response
 from gmmlsh.index.index import Index
 from gmmlsh.index.records import SparseRow
 from gmmlsh.index.search import QueryResult
-from gmmlsh.index.store.redis import SessionAhead
 from gmmlsh.service.errors import ApiError
 from gmmlsh.service.wire import MEDIA, NodeAnswer, NodeQuery, WireError, decode_queries, encode_answers
 
@@ -143,6 +142,8 @@ async def internal_search(request: Request) -> Response:
         raise ApiError(503, "the index is not open yet")
     body = await request.body()
     threads = request.app.state.settings.batch_threads
+    from gmmlsh.index.store.redis import SessionAhead  # here: a server of LMDB never imports redis
+
     try:
         out = await run_in_threadpool(answer_batch, index, body, threads)
     except SessionAhead as exc:
