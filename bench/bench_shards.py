@@ -255,13 +255,22 @@ def main(argv: list[str] | None = None) -> None:
                     procs.remove(p) if p in procs else None
                 continue
             front.wait({"groups": G} if G else None)
-            run_queries(front.url, warm)  # every node warm, and tuned on served queries
-            time.sleep(2 * 0.5 + 1)  # the upkeep worker started by the last of them
-            upkeep_idle([work / ("one" if G is None else f"g{g}of{G}") for g in range(G or 1)])
-            started = time.perf_counter() - t0
-            before = [cpu_seconds(n.proc.pid) for n in nodes]
-            rbefore = cpu_seconds(front.proc.pid) if G else 0.0
-            found, took = run_queries(front.url, Q)
+            try:
+                run_queries(front.url, warm)  # every node warm, and tuned on served queries
+                time.sleep(2 * 0.5 + 1)  # the upkeep worker started by the last of them
+                upkeep_idle([work / ("one" if G is None else f"g{g}of{G}") for g in range(G or 1)])
+                started = time.perf_counter() - t0
+                before = [cpu_seconds(n.proc.pid) for n in nodes]
+                rbefore = cpu_seconds(front.proc.pid) if G else 0.0
+                found, took = run_queries(front.url, Q)
+            except (httpx.HTTPError, OSError) as exc:  # a node died meanwhile (over its memory limit?)
+                results["layouts"][name] = {"failed": f"{type(exc).__name__}: {exc}"[:300],
+                                            "oom_kills": sum(cgroup_oom_kills(n.cgroup) for n in nodes)}
+                print(name, json.dumps(results["layouts"][name]), flush=True)
+                for p in [*nodes, *([front] if G else [])]:
+                    p.stop()
+                    procs.remove(p) if p in procs else None
+                continue
             node_cpu = sum(cpu_seconds(n.proc.pid) - b for n, b in zip(nodes, before, strict=True))
             router_cpu = (cpu_seconds(front.proc.pid) - rbefore) if G else 0.0
             mem = [memory(n.proc.pid) for n in nodes]
