@@ -166,7 +166,8 @@ def answer_batch(index: Index, body: bytes, threads: int = 1) -> bytes:
         together: dict[tuple, list[int]] = defaultdict(list)
         for i, q in enumerate(queries):
             if isinstance(q.vector, SparseRow) or q.exclude is not None or q.filter is not None:
-                answers[i] = _answer(q, index.query(q.vector, **_kwargs(q)))
+                vector = (q.vector.indices, q.vector.values) if isinstance(q.vector, SparseRow) else q.vector
+                answers[i] = _answer(q, index.query(vector, **_kwargs(q)))
             else:
                 together[q.knobs()].append(i)
         for members in together.values():

@@ -97,6 +97,25 @@ def test_exact_merge_is_one_node_bit_for_bit(fleet, router_name):
         assert {n["id"]: n["metadata"] for n in body["neighbors"]} == {n.id: n.metadata for n in five.neighbors}
 
 
+def test_sparse_queries_and_filters_through_the_router(fleet):
+    """A sparse query, and one with a metadata filter, as one node answers them."""
+    one, url, Q = fleet["one"], fleet["procs"]["r4"].url, fleet["Q"]
+    for i in range(3):
+        idx = np.flatnonzero(Q[i])[::3]
+        theirs = one.query((idx, Q[i][idx]), k=5, mode="exact")
+        r = httpx.post(url + "/neighbors/search", json={"indices": idx.tolist(), "values": Q[i][idx].tolist(),
+                                                         "k": 5, "mode": "exact"}, timeout=30)
+        assert r.status_code == 200, r.text
+        _same_answer(r.json()["neighbors"], theirs, 5)
+    flt = {"must": [{"key": "row", "range": {"lt": 200}}]}
+    theirs = one.query(Q[0], k=5, mode="exact", filter=flt)
+    r = httpx.post(url + "/neighbors/search", json={"values": Q[0].tolist(), "k": 5, "mode": "exact", "filter": flt},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    _same_answer(r.json()["neighbors"], theirs, 5)
+    assert all(n["metadata"]["row"] < 200 for n in r.json()["neighbors"])
+
+
 def test_query_by_id_leaves_it_out(fleet):
     one, url = fleet["one"], fleet["procs"]["r4"].url
     for ext in ("f0", "f7", "f333"):
