@@ -14,7 +14,8 @@ of whose replicas answers is *missing*.
 
 **Batches.** Queries arriving within ``route_window`` travel to each group in one binary call
 (:mod:`gmmlsh.service.wire`), after one read of the index's epoch made after the last of them
-arrived (strong consistency: see :mod:`gmmlsh.service.router`).
+arrived (strong consistency: see :mod:`gmmlsh.service.router`). A request with a session token
+travels on its own (a token ahead of the store fails that request, not its neighbours').
 
 **k and budgets per group.** Every group reports exact GMM similarities, so the merge (by
 similarity, ties in group order) loses nothing a group found. An exact search asks each group
@@ -204,7 +205,11 @@ class Fanout:
         """Each query's answers by group, the groups that are missing, the layout's G. Waits for
         the micro-batch it joins (and its epoch read)."""
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(queries, session, strong, fut))
+        pending = _Pending(queries, session, strong, fut)
+        if session is not None:  # its own call: a token ahead of the store fails this request only
+            asyncio.ensure_future(self._send([pending]))
+            return await fut
+        self._pending.append(pending)
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(self.window, self._start_flush)
         return await fut
