@@ -17,10 +17,11 @@ COPY service ./service
 # The README's install step, verbatim (CI exercising the README exercises this).
 RUN pip install .
 
-# Non-root; /data is created here so a named volume mounted on it is writable by the user.
+# Non-root; /data (an index) and /snapshots (a sharded layout's shared snapshots) are created
+# here so that named volumes mounted on them are writable by the user.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin gmmlsh \
-    && mkdir -p /data \
-    && chown gmmlsh:gmmlsh /data
+    && mkdir -p /data /snapshots \
+    && chown gmmlsh:gmmlsh /data /snapshots
 USER gmmlsh
 WORKDIR /home/gmmlsh
 

@@ -80,14 +80,17 @@ def is_redis(location) -> bool:
     return str(location).startswith(("redis://", "rediss://", "unix://"))
 
 
-def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None) -> Path:
+def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None,
+               group: tuple[int, int] | None = None) -> Path:
     """Where the search mirror of an index lives on this machine: inside an LMDB index's
-    directory; for a Redis one, under ``cache_dir``, named by its URL, prefix and uid."""
+    directory; for a Redis one, under ``cache_dir``, named by its URL, prefix and uid, and by
+    its group of id-shards (``-g{g}of{G}``) on a search node that follows one."""
     loc = str(location)
     if not is_redis(loc):
         return Path(loc) / "mirror"
     tag = hashlib.sha256(f"{loc}|{prefix}|{uid}".encode()).hexdigest()[:16]
-    return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}"
+    suffix = f"-g{group[0]}of{group[1]}" if group is not None else ""
+    return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}{suffix}"
 
 
 def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
@@ -148,6 +151,9 @@ class Index:
         ``maintain``: keep the lists and the tuning up in the background as the index grows.
         """
         loc = str(location)
+        group = store_options.get("group")
+        if group is not None and not is_redis(loc):
+            raise ValueError("group: only an index in Redis is served in groups of id-shards")
         if not is_redis(loc) and config is None and not (Path(loc) / "data.mdb").exists():
             raise FileNotFoundError(f"index: no index at {loc}; create one by giving its parameters (dim, ...)")
         store = open_store(loc, prefix=prefix, **store_options)
@@ -162,7 +168,9 @@ class Index:
                 diffs = config.conflicts(found)
                 if diffs:
                     raise ConfigConflict("index has other parameters: " + "; ".join(diffs))
-            index = cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir), search=search, maintain=maintain)
+            index = cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir,
+                                                 tuple(group) if group is not None else None),
+                        search=search, maintain=maintain)
             index.open_args = {"location": loc, "prefix": prefix, "cache_dir": cache_dir and str(cache_dir),
                                "search": search, **store_options}
             return index
@@ -247,11 +255,12 @@ class Index:
             self._sync()
         return self._mirror_problem
 
-    def warm(self) -> View:
+    def warm(self, vectors: bool = True) -> View:
         """Bring the search mirror up to date and map its hot columns into this process, so
-        that the first queries take no page faults (a server does it at start)."""
+        that the first queries take no page faults (a server does it at start); ``vectors``
+        False leaves the vectors column on disk (see :meth:`Mirror.populate`)."""
         view = self.view()
-        self.mirror.populate()
+        self.mirror.populate(vectors)
         return view
 
     def params(self, view: View, **given) -> SearchParams:

@@ -356,9 +356,13 @@ class Mirror:
             state = self._read_state()
             now = store.token()
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
-                state = self._reset()
+                fresh = getattr(store, "token_fresh", None)  # a cached token older than the mirror?
+                now = fresh() if fresh is not None else now
+            if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
+                state = self._went_back(store, state, now)
             if state["token"] is None or tuple(state["token"]) != now:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
+                state, changes = self._lost_tails(store, state, changes)
                 rows = self._append(store, changes.added, state["rows"])
                 retired = self._retire(changes.retired, rows)
                 state.update(rows=rows, token=list(changes.token),
@@ -368,6 +372,31 @@ class Mirror:
             with self._load_lock:
                 self.view = self._load()
         return self.view
+
+    def _went_back(self, store: Store, state: dict, now: tuple) -> dict:
+        """The store is behind the mirror: only its id-shards that went back are copied again
+        where the store can say which (:mod:`gmmlsh.index.resync`), else everything."""
+        from gmmlsh.index.resync import went_back
+
+        resynced = went_back(self, store, state, now)
+        if resynced is None:
+            return self._reset()
+        self._write_state(resynced)
+        self.written = True
+        return resynced
+
+    def _lost_tails(self, store: Store, state: dict, changes):
+        """Shards whose newest records the mirror holds were lost and written over since (see
+        :func:`gmmlsh.index.resync.lost_tails`) are copied again; (state, changes) to go on with."""
+        from gmmlsh.index.resync import lost_tails, went_back
+
+        lost = lost_tails(self, store, state, changes.token, changes.retired)
+        if not lost:
+            return state, changes
+        resynced = went_back(self, store, state, changes.token, lost)
+        if resynced is None:
+            return self._reset(), store.changes(None)
+        return resynced, store.changes(tuple(resynced["token"]))
 
     def _reset(self) -> dict:
         """Forget everything (the store went back in time, e.g. a restored backup)."""
@@ -471,12 +500,16 @@ class Mirror:
         self.publish(take)
         return out
 
-    def populate(self) -> float:
+    def populate(self, vectors: bool = True) -> float:
         """Map the columns a query reads into this process ahead of the queries (one worker's
-        first queries would otherwise each take page faults); returns the seconds it took."""
+        first queries would otherwise each take page faults); returns the seconds it took.
+        ``vectors`` False leaves the vectors column (most of the mirror; an answer reads the
+        few rows it reranks) mapped but on disk: only the hot set is brought into RAM."""
         t0 = time.perf_counter()
         view = self.refresh()
         hot = list(view.row_bundle[:-1]) + list(view.lists[:6]) + list(view.postings[1:7])
+        if not vectors:
+            hot = [a for a in hot if a is not view.row_bundle.vi and a is not view.row_bundle.vf]
         for array in hot:
             populate(array)
         return time.perf_counter() - t0

@@ -27,18 +27,20 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 import numba
 import numpy as np
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from gmmlsh.index.index import Index
 from gmmlsh.service.collections import CollectionManager
+from gmmlsh.service.deps import require_api_key
 from gmmlsh.service.errors import ORJSONResponse, install_handlers
 from gmmlsh.service.hot import HotPath
 from gmmlsh.service.lane import QueryLane
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.metrics import Metrics, MetricsMiddleware
+from gmmlsh.service.node import Heartbeat, Publisher, internal_search
 from gmmlsh.service.opening import IndexOpenError, open_index
 from gmmlsh.service.routes import api, docs, public
 from gmmlsh.service.schemas import request_schemas
@@ -63,7 +65,7 @@ def _warm(index: Index, state) -> None:
     meanwhile (``/health`` 503 ``starting``; a query arriving first compiles what it needs itself)."""
     t0 = time.perf_counter()
     try:
-        view = index.warm()
+        view = index.warm(vectors=state.settings.vectors_in_ram)
         log.info("search mirror up to date and mapped: %d vectors in %.2f s", view.live, time.perf_counter() - t0)
         t1 = time.perf_counter()
         if warm_queries(index):
@@ -135,6 +137,11 @@ def create_app(settings: Settings | None = None) -> App:
         app.state.lane = QueryLane()
         app.state.lane.start()
         app.state.index = index
+        heartbeat = (Heartbeat(index, settings.advertised, settings.group_pair, app.state).start()
+                     if settings.group_pair is not None else None)
+        publisher = (Publisher(index, settings.snapshots, settings.advertised, settings.group_pair,
+                               settings.snapshot_every).start()
+                     if settings.group_pair is not None and settings.snapshots else None)
         metrics.bind_index(index.count)
         # Everything made so far lives as long as the worker: out of the garbage collector's
         # sight, a full collection (each query leaves short-lived objects) scans only what
@@ -144,6 +151,10 @@ def create_app(settings: Settings | None = None) -> App:
         try:
             yield
         finally:
+            if heartbeat is not None:
+                await run_in_threadpool(heartbeat.stop)
+            if publisher is not None:
+                await run_in_threadpool(publisher.stop)
             metrics.bind_index(None)
             app.state.index = None
             await run_in_threadpool(app.state.lane.stop)
@@ -166,6 +177,9 @@ def create_app(settings: Settings | None = None) -> App:
     install_handlers(app)
     app.include_router(public)
     app.include_router(api)
+    if settings.group_pair is not None:  # a search node: the router's binary batch call
+        app.add_api_route("/internal/search", internal_search, methods=["POST"], include_in_schema=False,
+                          dependencies=[Depends(require_api_key)])
     docs.install(app)
 
     # Added innermost first: metrics (outermost) also count 413s and CORS preflights.

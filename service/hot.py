@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gmmlsh.service import node
 from gmmlsh.service.deps import check_api_key
 from gmmlsh.service.limits import declared_refusal, limited_receive
 from gmmlsh.service.routes import neighbors, ops
@@ -34,14 +35,17 @@ class HotRoute:
     handler: Handler
     template: str  #: the route's path template: the metrics' label, as the full stack names it
     public: bool = False  #: answered without the API key
+    internal: bool = False  #: not inside a collection
 
 
 _ROUTES = {
     ("GET", "/ping"): HotRoute(ops.ping, "/ping", public=True),
     ("GET", "/neighbors"): HotRoute(neighbors.get_neighbors, "/neighbors"),
     ("POST", "/neighbors/search"): HotRoute(neighbors.post_search, "/neighbors/search"),
+    # The router's binary batch call (a search node behind `gmmlsh route`; see service/node.py).
+    ("POST", "/internal/search"): HotRoute(node.internal_search, "/internal/search", internal=True),
 }
-_IN_COLLECTION = {key: r for key, r in _ROUTES.items() if not r.public}  # the same template, the collection a label
+_IN_COLLECTION = {key: r for key, r in _ROUTES.items() if not r.public and not r.internal}  # collection: a label
 _PREFIX = "/collections/"
 
 

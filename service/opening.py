@@ -28,6 +28,8 @@ def index_options(settings: Settings) -> dict:
         opts["max_readers"] = settings.max_readers
     elif settings.cache_dir:
         opts["cache_dir"] = settings.cache_dir
+    if settings.group_pair is not None:
+        opts["group"] = settings.group_pair
     return opts
 
 
@@ -52,7 +54,11 @@ def open_index(settings: Settings) -> Index:
 def _open_default(settings: Settings) -> Index:
     opts = index_options(settings)
     try:
-        return Index.open(settings.location, None, create=False, **opts)
+        index = Index.open(settings.location, None, create=False, **opts)
+        if settings.snapshots and settings.redis_url and _restored(index, settings):
+            index.close()  # open again on the restored mirror
+            index = Index.open(settings.location, None, create=False, **opts)
+        return index
     except Exception as exc:  # noqa: BLE001 - narrowed below
         if not _is_missing(exc):
             raise
@@ -63,6 +69,18 @@ def _open_default(settings: Settings) -> Index:
             "(and optionally GMMLSH_SAMPLES, GMMLSH_BITS, ...) to create an empty one"
         )
     return Index.open(settings.location, settings.creation_config(), create=True, **opts)
+
+
+def _restored(index: Index, settings: Settings) -> bool:
+    """Fill an empty search mirror from its group's latest snapshot (see
+    :mod:`gmmlsh.index.snapshots`): whether it was."""
+    from gmmlsh.index.snapshots import open_snapshots, restore
+
+    if index.mirror.view.rows:
+        return False
+    snaps = open_snapshots(settings.snapshots, settings.prefix, index.config.uid)
+    with index.mirror.locked():
+        return restore(index.mirror.dir, snaps, settings.group_pair, index.config.uid) is not None
 
 
 def _is_missing(exc: Exception) -> bool:

@@ -27,12 +27,14 @@ if TYPE_CHECKING:
     import uvicorn
 
 APP = "gmmlsh.service.app:create_app"
+#: The router of a sharded deployment (``gmmlsh route``).
+ROUTER_APP = "gmmlsh.service.router.app:create_router_app"
 #: uvicorn's httptools protocol with a bounded request head (see the module).
 HTTP_PROTOCOL = "gmmlsh.service.protocol:BoundedHttpToolsProtocol"
 
 
 def serve(settings: Settings | None = None, host: str | None = None, port: int | None = None,
-          workers: int | None = None) -> None:
+          workers: int | None = None, app: str = APP) -> None:
     """Serve until interrupted. ``host``/``port``/``workers`` override ``settings``'s.
 
     Blocks; returns after a clean shutdown (Ctrl-C / SIGTERM). The index must exist,
@@ -75,10 +77,10 @@ def serve(settings: Settings | None = None, host: str | None = None, port: int |
             # uvicorn.run's multi-worker branch, with a listener asyncio knows is TCP.
             from uvicorn.supervisors import Multiprocess
 
-            config = uvicorn.Config(APP, **options)
+            config = uvicorn.Config(app, **options)
             Multiprocess(config, sockets=[tcp_listener(config)]).run()
         else:
-            uvicorn.run(APP, **options)
+            uvicorn.run(app, **options)
     finally:
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)

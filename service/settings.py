@@ -65,6 +65,27 @@ class Settings(_creation_settings()):
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
                                   f"(default {DEFAULT_CACHE_DIR})")
 
+    # --- sharded search (a search node behind `gmmlsh route`, and the router) ----------------
+    group: str | None = Field(None, pattern=r"^\d+/\d+$", description="search node: serve group g of G of the "
+                              "index's id-shards (those with s mod G = g), written g/G; Redis only")
+    advertise: str | None = Field(None, description="search node: the URL the router reaches it at (default "
+                                  "http://HOST:PORT)")
+    snapshots: str | None = Field(None, description="search node: a directory shared by the nodes (a volume) where "
+                                  "the builder of each group (a lease in Redis) publishes its mirror, and from which a "
+                                  "node with an empty mirror starts")
+    snapshot_every: float = Field(60.0, gt=0, description="search node: seconds between the builder's looks for "
+                                  "something new to publish")
+    populate_vectors: bool | None = Field(None, description="map the vectors column (most of the mirror) into RAM "
+                                          "at start; off, only the hot set is, and an answer reads the few vectors "
+                                          "it reranks from disk (default: on, except on a search node of a group)")
+    route_groups: int | None = Field(None, ge=1, le=1024, description="router: answer through the layout of this "
+                                     "many groups (default: the largest one every group of which has a live node)")
+    hedge_after: float | None = Field(None, gt=0, description="router: seconds before a second replica of a group "
+                                      "is asked too (default: that group's 95th percentile latency)")
+    node_timeout: float = Field(10.0, gt=0, description="router: seconds a search node may take to answer")
+    route_window: float = Field(0.0005, ge=0, le=0.05, description="router: seconds queries arriving together "
+                                "wait to travel to the nodes in one call")
+
     # --- search parameters (unset: what the index tuned for itself) ------------------------
     candidates: int | None = Field(None, ge=1, le=MAX_CANDIDATES,
                                    description="rerank budget: rows reranked by GMM per query (postings: "
@@ -131,7 +152,39 @@ class Settings(_creation_settings()):
             IndexConfig(**{"dim": 1, **given})
         if self.default_k > self.max_k:
             raise ValueError(f"default_k ({self.default_k}) is over max_k ({self.max_k})")
+        if self.group is not None:
+            g, G = self.group_pair  # type: ignore[misc]
+            if not 0 <= g < G:
+                raise ValueError(f"group: expected g/G with 0 ≤ g < G, got {self.group}")
         return self
+
+    @property
+    def group_pair(self) -> tuple[int, int] | None:
+        """:attr:`group` as ``(g, G)``."""
+        if self.group is None:
+            return None
+        g, G = self.group.split("/")
+        return int(g), int(G)
+
+    @property
+    def vectors_in_ram(self) -> bool:
+        """:attr:`populate_vectors`, or its default."""
+        return self.populate_vectors if self.populate_vectors is not None else self.group is None
+
+    @property
+    def advertised(self) -> str:
+        """The URL a router reaches this node at."""
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):  # listening everywhere: this machine's own address (a container's)
+            import socket
+
+            try:
+                host = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
 
     @property
     def creation_given(self) -> dict:

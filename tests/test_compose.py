@@ -28,7 +28,8 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 README = REPO / "README.md"
 
-SERVE_FLAGS_WITH_VALUE = {"--index", "--redis", "--prefix", "--host", "--port", "--workers"}
+SERVE_FLAGS_WITH_VALUE = {"--index", "--redis", "--prefix", "--host", "--port", "--workers", "--group", "--advertise",
+                          "--groups"}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def dockerfile() -> list[tuple[str, str]]:
 
 def _options(command: list[str]) -> dict[str, str]:
     """``["gmmlsh", "serve", "--port", "8000", ...]`` → ``{"--port": "8000", ...}``."""
-    assert command[:2] == ["gmmlsh", "serve"], command
+    assert command[:2] in (["gmmlsh", "serve"], ["gmmlsh", "route"]), command
     opts, rest = {}, command[2:]
     i = 0
     while i < len(rest):
@@ -94,7 +95,7 @@ def _health_port(test: list[str]) -> int:
 def test_services_present(compose):
     services = compose["services"]
     assert {"redis", "api", "api-lmdb"} <= set(services)
-    assert set(_api_services(compose)) == {"api", "api-lmdb"}
+    assert set(_api_services(compose)) == {"api", "api-lmdb", "node-g0", "node-g1"}
 
 
 def test_redis_has_aof_and_health_check(compose):
@@ -325,3 +326,38 @@ def test_the_readme_says_how_to_start_over_with_another_dimension(compose):
     data &= set(compose["volumes"])
     assert data == {"redis-data", "lmdb-data"}, "the index lives on named volumes only (down -v deletes those)"
     assert "--profile lmdb" in down, "down -v must reach the LMDB profile's volume too"
+
+
+def test_sharded_profile(compose):
+    """Profile "sharded": a Redis Cluster of 3 masters + 3 replicas, every group of one layout
+    served by two nodes sharing the snapshots volume, routers behind their own nginx."""
+    services = compose["services"]
+    sharded = {name for name, s in services.items() if s.get("profiles") == ["sharded"]}
+    rcs = sorted(n for n in sharded if re.fullmatch(r"rc\d", n))
+    assert len(rcs) == 6
+    for name in rcs:
+        cmd = [_expand(c) for c in services[name]["command"]]
+        assert cmd[cmd.index("--cluster-enabled") + 1] == "yes" and cmd[cmd.index("--appendonly") + 1] == "yes"
+        assert cmd[cmd.index("--maxmemory-policy") + 1] == "noeviction"
+    init = " ".join(services["rc-init"]["command"])
+    assert "--cluster create" in init and "--cluster-replicas 1" in init
+    nodes = {n: _options(services[n]["command"]) for n in sharded if services[n].get("command", [""])[:2]
+             == ["gmmlsh", "serve"]}
+    groups = sorted(tuple(map(int, o["--group"].split("/"))) for o in nodes.values())
+    G = groups[0][1]
+    assert groups == [(g, G) for g in range(G)] and G >= 2
+    for n, opts in nodes.items():
+        svc = services[n]
+        assert svc["deploy"]["replicas"] >= 2 and urlparse(opts["--redis"]).hostname in rcs
+        env = svc["environment"]
+        assert any(v.split(":")[1] == env["GMMLSH_SNAPSHOTS"] for v in svc["volumes"])
+        assert svc["depends_on"]["rc-init"]["condition"] == "service_completed_successfully"
+    router = services["router"]
+    assert router["command"][:2] == ["gmmlsh", "route"] and router["deploy"]["replicas"] >= 2
+    code = "import sys; from gmmlsh.service.cli import main; sys.argv = ['gmmlsh', 'route', '--help']; main()"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    for flag in _options(router["command"]):
+        assert re.search(rf"(^|\s|,){re.escape(flag)}\b", r.stdout), f"router: {flag} not in route --help"
+    proxy = services["proxy-sharded"]
+    conf = (REPO / proxy["volumes"][0].split(":")[0]).read_text()
+    assert re.search(r"set \$(\w+) router;\s*proxy_pass http://\$\1:8000;", conf)

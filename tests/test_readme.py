@@ -42,6 +42,8 @@ SHARED = DATA.parent  # ../shared beside the repository, or where GMMLSH_DATA sa
 #: Blocks left to other tests: (section heading, text the block contains) → why.
 NOT_HERE = {
     ("Deployment", "docker"): "tests/test_docker.py runs the Docker blocks against a real engine",
+    ("Beyond one machine", "gmmlsh route"): "it needs a Redis Cluster: tests/test_router.py runs that layout "
+    "with real processes",
 }
 #: Blocks run with one change: (section heading, text in the block) → (old, new).
 CHANGED = {

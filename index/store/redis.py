@@ -28,6 +28,18 @@ replicated (and written to the AOF) as a ``MULTI/EXEC`` block, so a vector is al
 there or absent, and every iid the feed reports as added holds its record unless it
 has been retired since. Nothing is journaled: there is nothing half-done to clean up.
 
+Groups and the epoch
+--------------------
+A search node of a sharded deployment follows one *group* of id-shards: ``group=(g, G)``
+restricts :meth:`token`, :meth:`changes`, :meth:`count`, :meth:`scan` and :meth:`scan_ids` to
+the shards ``s ≡ g (mod G)`` (writes, lookups and reads by iid still reach every shard). Every
+write and delete bumps ``{P}:epoch`` once, after its scripts have run and before it returns
+(so before the write is acknowledged); a grouped store reads that one key instead of its
+shards' counters when asked for the token, and reads the counters only when the epoch has
+moved since it last did (and every :data:`EPOCH_REREAD_SECONDS` anyway): an acknowledged write
+bumped the epoch before a query that follows it read it, so the query still sees the write
+(see :meth:`token`).
+
 Reads
 -----
 ``token()`` reads every shard's ``seq`` and ``ndead`` (one ``MGET`` on a single server;
@@ -52,6 +64,7 @@ import functools
 import json
 import re
 import threading
+import time
 import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -89,6 +102,9 @@ _NO_ROOM = 1 << 20
 _SCRIPT_BYTES = 4 << 20
 #: What a record costs a script beyond its bytes (its commands), counted as bytes.
 _RECORD_COST = 256
+#: Seconds a grouped store trusts counters read at an unchanged epoch: a failover that lost the
+#: epoch's last increments could bring it back to a value it had, over other writes.
+EPOCH_REREAD_SECONDS = 1.0
 #: Replies that mean "not now" (the service answers 503).
 _TRANSIENT = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
@@ -125,9 +141,16 @@ def _guarded(fn: Callable) -> Callable:
         except StoreError:
             raise
         except (*_UNAVAILABLE, RedisError) as e:
+            if isinstance(e, _UNAVAILABLE):
+                self._relearn_slots()
             raise self._translate(e) from None
 
     return wrapper
+
+
+class SessionAhead(StoreError):
+    """A session token names an epoch the store has not reached: writes acknowledged to that
+    session were lost (a failover of Redis), and waiting would not bring them back."""
 
 
 def _token_of(values: list) -> Token:
@@ -148,15 +171,27 @@ class RedisStore:
     kind = "redis"
 
     def __init__(self, url: str, *, prefix: str = "gmmlsh", shards: int = 16, cluster: bool | None = None,
-                 socket_timeout: float = 5.0, **client_kwargs: Any) -> None:
+                 socket_timeout: float = 5.0, group: tuple[int, int] | None = None, **client_kwargs: Any) -> None:
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"url: expected redis://, rediss:// or unix://, got {mask_url(url)!r}")
         if not _PREFIX_RE.match(prefix):
             raise ValueError(f"prefix: must be 1-128 of [A-Za-z0-9_.-], got {prefix!r}")
         if not 1 <= shards <= 1024:
             raise ValueError(f"shards: must be between 1 and 1024, got {shards}")
+        if group is not None:
+            g, G = group
+            if not (isinstance(G, int) and isinstance(g, int) and 1 <= G <= 1024 and 0 <= g < G):
+                raise ValueError(f"group: expected g/G with 0 ≤ g < G ≤ 1024, got {g}/{G}")
+            group = (g, G)
         client_kwargs.pop("decode_responses", None)
         self.url, self.prefix = url, prefix
+        #: The group of id-shards this store follows ((g, G)), or None: all of them.
+        self.group = group
+        self._epoch_key = f"{{{prefix}}}:epoch"
+        self._cached: tuple[int, Token, float] | None = None  # (epoch, token read after it, when): grouped
+        self._local = threading.local()
+        self._cache_lock = threading.Lock()
+        self._reads = self._cached_ticket = 0
         self._new_shards = shards
         self._want_cluster = cluster
         self._socket_timeout = socket_timeout
@@ -178,11 +213,23 @@ class RedisStore:
         if isinstance(e, OutOfMemoryError) or text.startswith("OOM"):
             return DiskFull(f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): "
                             "nothing was written; free memory or raise maxmemory, then retry")
-        if isinstance(e, ResponseError) and not text.startswith(_TRANSIENT):
+        if isinstance(e, ResponseError) and not isinstance(e, _UNAVAILABLE) and not text.startswith(_TRANSIENT):
             if "GMMLSH" in text:
                 return StoreError(text.split("GMMLSH", 1)[1].strip())
             return StoreError(f"Redis at {mask_url(self.url)} refused a command: {text}")
         return StoreUnavailable(f"Redis at {mask_url(self.url)} unavailable: {type(e).__name__}: {text}")
+
+    def _relearn_slots(self) -> None:
+        """After a node of a Cluster failed to answer: learn which node serves each slot again,
+        so the next call reaches the replica promoted in its place (redis-py's pipelines keep
+        sending a failed master's slots to it; its single commands relearn on their own)."""
+        client = self._client
+        if not self._cluster or client is None:
+            return
+        try:
+            client.nodes_manager.initialize()
+        except Exception:  # noqa: BLE001 - no node answers yet: the next failure tries again
+            pass
 
     def _scrub(self, text: str) -> str:
         try:
@@ -262,6 +309,17 @@ class RedisStore:
             if cfg is not None:
                 self._shards = int(cfg.get("redis_shards", self._new_shards))
         return self._shards or self._new_shards
+
+    def mine(self) -> list[int]:
+        """The id-shards this store follows, ascending (all of them unless grouped); the token
+        holds ``seq`` and ``ndead`` of each, in this order."""
+        S = self.shards
+        if self.group is None:
+            return list(range(S))
+        g, G = self.group
+        if G > S:
+            raise StoreError(f"group: {g}/{G} has more groups than the index has id-shards ({S})")
+        return list(range(g, S, G))
 
     def _tag(self, s: int) -> str:
         return f"{{{self.prefix}:{s}}}:"
@@ -391,7 +449,7 @@ class RedisStore:
             for s, members in call:
                 args += [s, self._tag(s), len(members), *(f for i in members for f in records[i])]
             commands.append(self._evalsha("write", keys, args))
-        results = self._pipeline(commands, errors=True)
+        results = self._bumped(commands, errors=True)
         failed = [r for r in results if isinstance(r, Exception)]
         if not failed:
             self._refused_at = None
@@ -422,7 +480,46 @@ class RedisStore:
         commands = [self._evalsha("delete", self._shard_keys(s), [S, s, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
                                                                    *members])
                     for s, members in by_shard.items()]
-        return int(sum(self._pipeline(commands)))
+        return int(sum(self._bumped(commands)))
+
+    def _bumped(self, commands: list[tuple], errors: bool = False) -> list[Any]:
+        """Run write ``commands``, then bump the epoch (see the module docstring); their replies
+        (with ``errors``, a command's error in its place, as :meth:`_pipeline` leaves it). On one
+        server the ``INCR`` rides in the same pipeline, after them on the same connection (Redis
+        runs them in order); on a Cluster the scripts' nodes answer before it is sent."""
+        self._r()
+        if self._cluster:
+            replies = self._pipeline(commands, errors)
+            try:
+                epoch = self._r().incr(self._epoch_key)
+            except redis.exceptions.ResponseError:  # a full Redis refuses it: the scripts' error says it
+                if any(isinstance(r, Exception) for r in replies):
+                    return replies
+                raise
+        else:
+            *replies, epoch = self._pipeline([*commands, ("INCR", self._epoch_key)], errors)
+            if isinstance(epoch, Exception):  # a full Redis refuses the INCR too: the scripts' error says it
+                if not any(isinstance(r, Exception) for r in replies):
+                    raise epoch
+                return replies
+        self._local.epoch = int(epoch)
+        return replies
+
+    def last_epoch(self) -> int | None:
+        """The epoch this thread's last write or delete bumped to: a session token (a query
+        that passes it is answered by a mirror that holds that write)."""
+        return getattr(self._local, "epoch", None)
+
+    @_guarded
+    def epoch(self) -> int:
+        """The index's epoch (bumped by every write and delete before it returns)."""
+        return int(self._r().get(self._epoch_key) or 0)
+
+    def assume_epoch(self, epoch: int | None) -> None:
+        """Tell this thread's next :meth:`token` reads of a grouped store that the epoch was
+        ``epoch`` when the caller's query arrived (a router read it): no read of it is needed
+        when the token cached is at least that recent. None: read it."""
+        self._local.assumed = epoch
 
     # --- reads -----------------------------------------------------------------------------
     @_guarded
@@ -470,14 +567,54 @@ class RedisStore:
 
     @_guarded
     def token(self) -> Token:
-        S = self.shards
+        """Where the feed of the shards this store follows stands. A grouped store reads the
+        epoch first and the shards' counters only if it moved since they were last read (a
+        token read after epoch ``e`` holds every write that bumped the epoch to ``e`` or less).
+        Such a token may be older than one another process read since (a mirror it synced):
+        :meth:`token_fresh` reads the counters now."""
+        if self.group is None:
+            return self._counters()
+        cached = self._cached
+        fresh = cached is not None and time.monotonic() - cached[2] < EPOCH_REREAD_SECONDS
+        assumed = getattr(self._local, "assumed", None)
+        if fresh and assumed is not None and assumed <= cached[0]:
+            return cached[1]
+        epoch = self.epoch()
+        if assumed is not None and epoch < assumed:
+            raise SessionAhead(f"the session token (epoch {assumed}) is ahead of the store (epoch {epoch}): "
+                               "writes acknowledged to this session were lost (a Redis failover?)")
+        if fresh and epoch == cached[0]:
+            return cached[1]
+        return self._read_after(epoch)
+
+    def token_fresh(self) -> Token:
+        """The counters read now (a grouped store's cache brought up to them)."""
+        if self.group is None:
+            return self._counters()
+        return self._read_after(self.epoch())
+
+    def _read_after(self, epoch: int) -> Token:
+        """The counters, read after ``epoch`` was; cached unless a read that started later got
+        there first (threads race: the cache only ever moves to a later read)."""
+        with self._cache_lock:
+            self._reads += 1
+            ticket = self._reads
+        now = self._counters()
+        with self._cache_lock:
+            if ticket > self._cached_ticket:
+                self._cached, self._cached_ticket = (epoch, now, time.monotonic()), ticket
+        return now
+
+    def _counters(self) -> Token:
+        """``seq`` and ``ndead`` of each shard of :meth:`mine`, read now."""
+        mine = self.mine()
         keys = self._token_keys
-        if keys is None or len(keys) != 2 * S:
-            keys = self._token_keys = [k for s in range(S) for k in (self._tag(s) + "seq", self._tag(s) + "ndead")]
+        if keys is None or len(keys) != 2 * len(mine):
+            keys = self._token_keys = [k for s in mine for k in (self._tag(s) + "seq", self._tag(s) + "ndead")]
         r = self._r()
         if self._cluster:  # MGET may not cross slots: one per shard, pipelined
-            values = [v for reply in self._pipeline([("MGET", keys[2 * s], keys[2 * s + 1]) for s in range(S)])
-                      for v in reply]
+            values = [v for reply in self._pipeline([("MGET", keys[2 * i], keys[2 * i + 1])
+                                                     for i in range(len(mine))]) for v in reply]
         else:
             values = r.mget(keys)
         return _token_of(values)
@@ -486,7 +623,7 @@ class RedisStore:
         """The token's ``MGET`` sent now on a connection of its own, its reply read when asked
         for: a query searches its mirror while the round trip (~60 µs on loopback, twice that
         between queries) travels. Any failure, and a Cluster, fall back to :meth:`token`."""
-        if self._cluster or self._token_keys is None:
+        if self._cluster or self._token_keys is None or self.group is not None:
             return self._token_now()
         pool = self._r().connection_pool
         try:
@@ -519,14 +656,15 @@ class RedisStore:
     @_guarded
     def changes(self, since: Token | None) -> Changes:
         now = self.token()
-        S = self.shards
+        S, mine = self.shards, self.mine()
         if since is not None and len(since) != len(now):
-            raise StoreError(f"token of {len(since) // 2} shards given to an index of {S}")
+            raise StoreError(f"token of {len(since) // 2} shards given to a store following {len(mine)}")
         old = since if since is not None else tuple(0 for _ in now)
-        added = [np.arange(old[2 * s], now[2 * s], dtype=np.int64) * S + s for s in range(S)]
+        added = [np.arange(old[2 * i], now[2 * i], dtype=np.int64) * S + s for i, s in enumerate(mine)]
         retired: list[int] = []
         if since is not None:
-            ranges = [(s, old[2 * s + 1], now[2 * s + 1]) for s in range(S) if now[2 * s + 1] > old[2 * s + 1]]
+            ranges = [(s, old[2 * i + 1], now[2 * i + 1]) for i, s in enumerate(mine)
+                      if now[2 * i + 1] > old[2 * i + 1]]
             replies = self._pipeline([("LRANGE", self._tag(s) + "dead", a, b - 1) for s, a, b in ranges])
             retired = [int(v) for reply in replies for v in reply]
         return Changes(added=np.sort(np.concatenate(added)) if added else np.zeros(0, np.int64),
@@ -536,12 +674,12 @@ class RedisStore:
     def scan(self, fields: Sequence[str], batch_size: int = 4096
              ) -> Iterator[tuple[np.ndarray, dict[str, list[bytes | None]]]]:
         """Every iid holding any of ``fields``, in iid order, a block of sequence numbers at a time."""
-        S = self.shards
+        S, mine = self.shards, self.mine()
         top = max(self.token()[0::2], default=0)
         for c in range(-(-top // _CHUNK_BIG)):
             found: dict[int, dict[str, bytes]] = defaultdict(dict)
             commands, meta = [], []
-            for s in range(S):
+            for s in mine:
                 for field in fields:
                     fam = _FAMILY[field]
                     step = _CHUNK_BIG // _CHUNK_SMALL if fam in _SMALL else 1
@@ -560,9 +698,11 @@ class RedisStore:
                        {field: [found[i].get(field) for i in part] for field in fields})
 
     @_guarded
-    def scan_ids(self, batch_size: int = 4096) -> Iterator[tuple[list[str], np.ndarray]]:
+    def scan_ids(self, batch_size: int = 4096, shards: Sequence[int] | None = None
+                 ) -> Iterator[tuple[list[str], np.ndarray]]:
+        """The id map of the shards this store follows (or of ``shards``)."""
         r = self._r()
-        for s in range(self.shards):
+        for s in self.mine() if shards is None else shards:
             names, iids = [], []
             for k, v in r.hscan_iter(self._tag(s) + "ids", count=batch_size):
                 names.append(k.decode("utf-8", errors="replace"))
@@ -575,7 +715,7 @@ class RedisStore:
 
     @_guarded
     def count(self) -> int:
-        keys = [self._tag(s) + "live" for s in range(self.shards)]
+        keys = [self._tag(s) + "live" for s in self.mine()]
         values = self._pipeline([("GET", k) for k in keys])
         return sum(int(v) for v in values if v is not None)
 
@@ -603,6 +743,7 @@ class RedisStore:
             cmds += [("UNLINK", k) for k in keys]
         for lo in range(0, len(cmds), 4096):
             self._pipeline(cmds[lo:lo + 4096])
+        self._r().unlink(self._epoch_key)
         self._r().unlink(self._config_key)
 
     @_guarded
@@ -616,8 +757,11 @@ class RedisStore:
             used = sum(int(v.get("used_memory", 0)) for v in mem.values())
         else:
             used = int(mem.get("used_memory", 0))
-        return {"kind": "redis", "url": mask_url(self.url), "prefix": self.prefix, "cluster": self._cluster,
-                "shards": self.shards, "vectors": self.count(), "redis_used_memory": used}
+        out = {"kind": "redis", "url": mask_url(self.url), "prefix": self.prefix, "cluster": self._cluster,
+               "shards": self.shards, "vectors": self.count(), "redis_used_memory": used}
+        if self.group is not None:
+            out["group"] = f"{self.group[0]}/{self.group[1]}"
+        return out
 
     def close(self) -> None:
         with self._lock:

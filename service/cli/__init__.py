@@ -1,4 +1,4 @@
-"""The ``gmmlsh`` command line: build, serve, query, info, check, snapshot, collections, bench.
+"""The ``gmmlsh`` command line: build, serve, route, query, info, check, snapshot, collections, bench.
 
 Every command names its index with ``--index DIR`` (LMDB) or ``--redis URL`` (plus
 ``--prefix NAME``); every option also reads a ``GMMLSH_*`` environment variable as its
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gmmlsh.service.cli import admin, bench, build, collections, query, serve
+from gmmlsh.service.cli import admin, bench, build, collections, query, route, serve
 from gmmlsh.service.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -43,7 +43,7 @@ def make_parser() -> argparse.ArgumentParser:
     opt(p, "--debug", action="store_true", default=False, help="show tracebacks")
     p.add_argument("--version", action="version", version=f"gmmlsh {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (build, serve, query, admin, collections, bench):
+    for module in (build, serve, route, query, admin, collections, bench):
         module.add(sub)
     return p
 

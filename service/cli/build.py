@@ -96,6 +96,8 @@ def add(sub) -> None:
         if name != "dim":
             opt(g, "--" + name.replace("_", "-"), type=whole_number if types[name] is int else float,
                 metavar=name.upper(), help=describe(name))
+    opt(g, "--shards", type=positive_int, metavar="S", help="Redis: id-shards of a new index (default 16, at most "
+        "1,024; fixed at creation): an index meant to grow over a Redis Cluster and search groups takes many")
     g = p.add_argument_group("tuning")
     opt(g, "--tune-queries", metavar="FILE",
         help=f"sample queries to tune the search on (any input format; at least {MIN_QUERIES} rows, "
@@ -235,7 +237,10 @@ def run(args) -> int:
                 cols.create(args.collection, config, args.indexed_fields or [])
             index = open_index(args, maintain=False)
         else:
-            index = Index.open(loc, config, create=True, maintain=False, **open_options(args))
+            if args.shards and kind != "redis":
+                raise UsageError("--shards: only an index in Redis has id-shards")
+            shards = {"shards": args.shards} if args.shards else {}
+            index = Index.open(loc, config, create=True, maintain=False, **open_options(args), **shards)
     if not kernels_cached():
         print("compiling kernels (first run only: numba keeps them for the next runs) ...", file=log, flush=True)
     with index:

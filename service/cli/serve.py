@@ -33,6 +33,12 @@ def add(sub) -> None:
     g.add_argument("--host", help="address to listen on (env GMMLSH_HOST; default 127.0.0.1)")
     g.add_argument("--port", type=int, help="port (env GMMLSH_PORT; default 8000)")
     g.add_argument("--workers", type=positive_int, help="worker processes (env GMMLSH_WORKERS; default 1)")
+    g = p.add_argument_group("sharded search (a search node behind `gmmlsh route`)")
+    g.add_argument("--group", metavar="g/G", help="serve group g of G of the index's id-shards (env GMMLSH_GROUP)")
+    g.add_argument("--snapshots", metavar="DIR", help="a directory shared by the group's nodes: the builder "
+                   "publishes its mirror there, a node with an empty mirror starts from it (env GMMLSH_SNAPSHOTS)")
+    g.add_argument("--advertise", metavar="URL", help="the URL the router reaches this node at (env "
+                   "GMMLSH_ADVERTISE; default http://HOST:PORT)")
     p.set_defaults(func=run)
 
 
@@ -49,6 +55,13 @@ def run(args) -> int:
     where = {"index": str(Path(loc).resolve()), "redis_url": None} if kind == "lmdb" else {"redis_url": loc}
     if args.cache_dir:
         where["cache_dir"] = args.cache_dir
+    for name in ("group", "advertise", "snapshots"):
+        if getattr(args, name, None):
+            where[name] = getattr(args, name)
+    if args.port is not None:  # the advertised URL's default
+        where["port"] = args.port
+    if args.host is not None:
+        where["host"] = args.host
     try:
         settings = Settings(prefix=prefix, collection=args.collection, **where)
     except ValidationError as exc:
