@@ -15,7 +15,7 @@ import threading
 from gmmlsh.index.collections import DEFAULT_COLLECTION, Collections, UnknownCollection
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
-from gmmlsh.service.opening import index_options
+from gmmlsh.service.opening import INDEX_ONLY, index_options
 from gmmlsh.service.settings import Settings
 
 log = logging.getLogger("gmmlsh.service")
@@ -28,7 +28,7 @@ class CollectionManager:
         self.settings = settings
         self.default = default
         opts = index_options(settings)
-        self._search = opts.pop("search")
+        self._index_options = {k: opts.pop(k) for k in INDEX_ONLY}
         self.collections = Collections(settings.location, **opts)
         self._open: dict[str, Index] = {}  # name → index, oldest first
         self._users: dict[int, int] = {}  # id(index) → requests using it now
@@ -59,7 +59,7 @@ class CollectionManager:
                     raise UnknownCollection(name)
                 while len(self._open) >= self.settings.open_collections:  # the one open longest
                     self._drop(next(iter(self._open)))
-                index = self.collections.open(name, search=self._search)
+                index = self.collections.open(name, **self._index_options)
                 self._open[name] = index
             self._users[id(index)] = self._users.get(id(index), 0) + 1
         return index
