@@ -135,7 +135,7 @@ def create_app(settings: Settings | None = None) -> App:
         app.state.lane = QueryLane()
         app.state.lane.start()
         app.state.index = index
-        metrics.bind_index(index.count)
+        metrics.bind_index(index.count, app.state.collections.recall_reports)
         # Everything made so far lives as long as the worker: out of the garbage collector's
         # sight, a full collection (each query leaves short-lived objects) scans only what
         # requests make, not the whole heap of a process that imported numpy, numba and FastAPI.

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from gmmlsh.index import monitor
 from gmmlsh.index.collections import DEFAULT_COLLECTION, Collections, UnknownCollection
 from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index
+from gmmlsh.index.index import Index, mirror_dir
 from gmmlsh.service.opening import INDEX_ONLY, index_options
 from gmmlsh.service.settings import Settings
 
@@ -97,6 +98,16 @@ class CollectionManager:
 
     def list(self) -> list[dict]:
         return self.collections.list()
+
+    def recall_reports(self) -> dict[str, dict]:
+        """Each collection's recall monitor report (:func:`gmmlsh.index.monitor.report`), read from
+        this machine's mirror directories without opening the collections."""
+        out = {DEFAULT_COLLECTION: monitor.report(self.default.mirror.dir)}
+        for entry in self.list():
+            where = mirror_dir(self.collections.registry.location(entry), entry.get("prefix", self.settings.prefix),
+                               entry["uid"], self.settings.cache_dir)
+            out[entry["name"]] = monitor.report(where)
+        return out
 
     def close(self) -> None:
         with self._lock:

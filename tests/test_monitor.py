@@ -48,7 +48,8 @@ def _mistune(ix: Index) -> None:
 def _true_recalls(ix: Index, Q, answers) -> np.ndarray:
     exact = [ix.query(q, k=10, mode="exact") for q in Q]
     return np.array([monitor.served_recall(np.array([n.similarity for n in a.neighbors]),
-                                           np.array([n.similarity for n in e.neighbors])) for a, e in zip(answers, exact, strict=True)])
+                                           np.array([n.similarity for n in e.neighbors]))
+                     for a, e in zip(answers, exact, strict=True)])
 
 
 def test_served_recall_counts_ties_and_short_answers():
@@ -96,7 +97,7 @@ def test_an_overridden_search_is_reported_not_retuned(built, data):
         assert done["monitor"] == [{"checked": SERVED}] and "tune" not in done
         assert ix.view().search == tuned
         rec = ix.stats()["recall"]
-        assert rec["checked"] == SERVED and rec["estimate"] == pytest.approx(truth.mean(), abs=5e-5)  # shown to 4 places
+        assert rec["checked"] == SERVED and rec["estimate"] == pytest.approx(truth.mean(), abs=5e-5)
         assert rec["upper"] < tuner.TARGET_RECALL and "overridden" in rec["note"]
         assert "retune_requested" not in rec
 

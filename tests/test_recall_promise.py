@@ -15,6 +15,7 @@ at a third of CI's time), the 4,505 Brown passages, and a tf-idf corpus made her
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import httpx
@@ -23,6 +24,7 @@ import pytest
 import scipy.sparse as sp
 import tfidf_data
 from conftest import DATA
+from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 from test_service import Server
 
 from gmmlsh.index.tuner import bound
@@ -95,3 +97,59 @@ def test_answers_keep_the_promise_from_the_first_query_after_a_rest_load(name, t
           f"answer {recalls[0]:.2f}, of all {recalls.mean():.4f} (lower bound {bound(recalls):.4f}); "
           f"search {stats['search']}")
     assert recalls.mean() >= PROMISED, (recalls.mean(), modes[:5], stats["search"])
+
+
+@pytest.fixture(params=["lmdb", "redis"])
+def where(request, tmp_path) -> dict[str, str]:
+    """The server's index: an LMDB directory, or a fresh prefix on a real Redis (its mirror, with
+    the served sample and the monitor's estimate, in this test's cache directory)."""
+    if request.param == "lmdb":
+        return {"GMMLSH_INDEX": str(tmp_path / "idx")}
+    return {"GMMLSH_REDIS_URL": request.getfixturevalue("redis_url"), "GMMLSH_PREFIX": f"t{tmp_path.name[-12:]}",
+            "GMMLSH_CACHE_DIR": str(tmp_path / "cache")}
+
+
+def _stats_when(c: httpx.Client, ready: Callable[[dict], bool], seconds: float = 120) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        stats = c.get("/stats").json()
+        if ready(stats):
+            return stats
+        assert time.monotonic() < deadline, stats["recall"]
+        time.sleep(0.5)
+
+
+def test_a_restart_keeps_the_monitors_estimate_and_the_served_sample(where, tmp_path, fmnist):
+    """Acceptance 4: what the monitor measured and the queries served are there after a restart
+    (and the ones served since are added to them)."""
+    train, _, test, _ = fmnist
+    env = {**where, "GMMLSH_DIM": "784", "GMMLSH_SAMPLES": "128", "GMMLSH_MONITOR_SHARE": "1"}
+    srv = Server(tmp_path, env).start()
+    try:
+        with httpx.Client(base_url=srv.base, timeout=120) as c:
+            for lo in range(0, 2_000, BATCH):
+                c.post("/vectors", json={"vectors": [{"id": str(i), "values": train[i].tolist()}
+                                                     for i in range(lo, lo + BATCH)]}).raise_for_status()
+            for q in test[:100]:
+                c.post("/neighbors/search", json={"values": q.tolist(), "k": 10}).raise_for_status()
+            before = _stats_when(c, lambda s: s["recall"]["checked"] >= 96)  # records go 8 at a time
+    finally:
+        srv.stop()  # what is left is written at the close: the served sample, the last records
+    srv = Server(tmp_path, env).start()
+    try:
+        with httpx.Client(base_url=srv.base, timeout=120) as c:
+            after = c.get("/stats").json()
+            metrics = c.get("/metrics").text
+            for q in test[100:108]:  # a process hands its records over 8 at a time
+                c.post("/neighbors/search", json={"values": q.tolist(), "k": 10}).raise_for_status()
+            more = _stats_when(c, lambda s: s["recall"]["checked"] >= after["recall"]["checked"] + 8)
+    finally:
+        srv.stop()
+    rec, was = after["recall"], before["recall"]
+    assert rec["since"] == was["since"] and rec["checked"] >= was["checked"]  # the same tuning's estimate
+    assert abs(rec["estimate"] - was["estimate"]) <= (rec["checked"] - was["checked"]) / rec["checked"] + 1e-9
+    assert rec["lower"] <= rec["estimate"] <= rec["upper"]
+    assert f'gmmlsh_recall_estimate{{collection="default"}} {rec["estimate"]}' in metrics
+    assert after["served"]["seen"] >= before["served"]["seen"] + 1  # every query served before the stop, and more
+    assert after["served"]["queries"] >= min(100, before["served"]["queries"])
+    assert more["recall"]["since"] == rec["since"]  # the queries served since are added to the same estimate
