@@ -378,8 +378,7 @@ class Index:
         t0 = time.thread_time() if watched else 0.0
         found = found_by(view, qs, k, mode, params, self.config)
         if watched:
-            self.recorder.offer(view, qs, found, time.thread_time() - t0, monitor.epoch_key(view, self.overrides),
-                                bool(self.overrides))
+            self.recorder.offer(view, qs, found, time.thread_time() - t0, self.overrides)
         return [answer(view, mode, k, rows, sims, scored, min_similarity) for rows, sims, scored in found]
 
     # --- by metadata ---------------------------------------------------------------------------

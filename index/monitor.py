@@ -24,10 +24,10 @@ beyond it are dropped at random, so the sample stays uniform) whatever the traff
 **The estimate** is kept per *epoch*: the search as tuned (its parameters, the operator's
 overrides and the rows it was tuned at). A new tuning starts a new epoch (records served
 before it are dropped). The estimate is the mean recall of the epoch's last :data:`WINDOW`
-records with a two-sided 90 % interval whose lower end is the tuner's lower confidence bound
-(:func:`gmmlsh.index.tuner.bound`). It lives in the mirror directory's ``monitor.json``
-(inside an LMDB index's directory; on the machine's cache for a Redis one, next to the
-tuning it measures), so restarts keep it.
+records with a two-sided 90 % interval: each end the tuner's one-sided 95 % normal bound
+(:func:`gmmlsh.index.tuner.bound`), with a binomial floor on its width (:func:`interval`).
+It lives in the mirror directory's ``monitor.json`` (inside an LMDB index's directory; on the
+machine's cache for a Redis one, next to the tuning it measures), so restarts keep it.
 
 **Re-tuning.** At :data:`CHECKS` records of an epoch (and every :data:`WINDOW` // 2 after),
 the monitor asks the upkeep for a re-tune when the whole interval lies below the target
@@ -63,7 +63,7 @@ BUDGET = 0.02
 #: Records an estimate is made of: the epoch's last this many.
 WINDOW = 1024
 #: Records of an epoch at which the monitor decides whether to re-tune (then every WINDOW // 2).
-CHECKS = (32, 64, 128, 256, 512)
+CHECKS = (16, 32, 64, 128, 256, 512)
 #: A process writes its records to the inbox after this many, or this many seconds.
 FLUSH_RECORDS = 8
 FLUSH_SECONDS = 10.0
@@ -94,13 +94,21 @@ def epoch_key(view: View, overrides: dict) -> str:
 
 
 def interval(recalls: np.ndarray) -> tuple[float, float, float]:
-    """(mean, lower, upper): the lower end is :func:`tuner.bound`, the upper its mirror image."""
-    if not recalls.shape[0]:
+    """(mean, lower, upper) of per-query recalls: the tuner's normal bound (:func:`tuner.bound`:
+    ``Z`` standard errors of the mean) on each side, its standard error at least the binomial one
+    of the neighbours counted, Agresti–Coull adjusted (``p̃ = (hits + Z²/2) / (N + Z²)`` over
+    ``N = 10·n`` neighbours): few queries that all found every neighbour (a sample standard
+    deviation of 0) must not make an interval of width 0."""
+    n = recalls.shape[0]
+    if not n:
         return float("nan"), 0.0, 1.0
     mean = float(recalls.mean())
-    lower = tuner.bound(recalls) if recalls.shape[0] >= 2 else 0.0
-    upper = min(1.0, 2 * mean - lower) if recalls.shape[0] >= 2 else 1.0
-    return mean, max(0.0, lower), upper
+    if n < 2:
+        return mean, 0.0, 1.0
+    trials = tuner.NEIGHBORS * n
+    adjusted = (mean * trials + Z * Z / 2) / (trials + Z * Z)
+    se = max((mean - tuner.bound(recalls)) / Z, np.sqrt(adjusted * (1 - adjusted) / (trials + Z * Z)))
+    return mean, max(0.0, mean - Z * se), min(1.0, mean + Z * se)
 
 
 # --- the query side -------------------------------------------------------------------------------
@@ -140,18 +148,19 @@ class Recorder:
         except (OSError, ValueError):
             return 0.0
 
-    def offer(self, view: View, qs: list[Prepared], found: list, seconds: float, key: str,
-              overridden: bool) -> None:
+    def offer(self, view: View, qs: list[Prepared], found: list, seconds: float, overrides: dict) -> None:
         """Queries just answered by the tuned search (``found``: each one's rows and exact
-        similarities, ``seconds``: the CPU time their search took): record a share of them."""
+        similarities, ``seconds``: the CPU time their search took; ``overrides``: the operator's):
+        record a share of them."""
         if not qs or self.share <= 0:
             return
         per = seconds / len(qs)
         self.served_seconds = per if self.served_seconds <= 0 else 0.99 * self.served_seconds + 0.01 * per
-        share = self.share
+        share, key = self.share, None
         for p, (_, sims, _) in zip(qs, found, strict=True):
             if self._rng.random() >= share:
                 continue
+            key = key or epoch_key(view, overrides)
             nz = p.coordinates()
             top = np.sort(sims)[::-1][:tuner.NEIGHBORS]
             with self._lock:
@@ -160,7 +169,7 @@ class Recorder:
                     "norm": float(p.q.norm),
                     "exclude": int(view.iid[p.exclude]) if 0 <= p.exclude < view.rows else -1,
                     "rows": view.rows, "sims": np.pad(top, (0, tuner.NEIGHBORS - top.shape[0]), constant_values=-1.0),
-                    "at": time.time(), "key": key, "overridden": overridden})
+                    "at": time.time(), "key": key, "overridden": bool(overrides)})
 
     def due(self) -> bool:
         return bool(self._records) and (len(self._records) >= FLUSH_RECORDS

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from gmmlsh.index import monitor, segments, tuner
+from gmmlsh.index import monitor, nearcopies, segments, tuner
 from gmmlsh.index.mirror import Stale, View
 from gmmlsh.index.segments import ArenaWriter, Fit
 
@@ -410,6 +410,8 @@ class Upkeep:
         served = queries or (self.index.shared.rows(tuner.MAX_QUERIES)
                              if self._served_count() >= tuner.MIN_QUERIES else None)
         params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
+        if not served:  # tuned on stored vectors: can they stand in for new queries?
+            params, report = nearcopies.guard(view, self.config, params, report)
 
         def record(state: dict) -> None:
             state.update(search=params.to_dict(), tuned_rows=view.rows, tuned_lists=view.list_count,

@@ -78,7 +78,7 @@ def test_a_mistuned_search_is_measured_and_retuned(built, data):
         assert rec["previous"]["checked"] == SERVED
         assert rec["previous"]["estimate"] == pytest.approx(truth.mean(), abs=5e-5)  # shown to 4 places
         assert rec["previous"]["lower"] <= truth.mean() <= rec["previous"]["upper"]
-        assert len(rec["retunes"]) == 1 and rec["retunes"][0]["checked"] == monitor.CHECKS[0]
+        assert len(rec["retunes"]) == 1 and rec["retunes"][0]["checked"] in monitor.CHECKS
         assert ix.view().search.probes != 1
         again = [ix.query(q, k=10) for q in Q]
         assert _true_recalls(ix, Q, again).mean() >= tuner.TARGET_RECALL
