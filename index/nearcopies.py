@@ -86,8 +86,9 @@ def guard(view: View, config: IndexConfig, params: SearchParams, report: dict) -
     if sig is None:
         return params, report
     report = {**report, "near_copies": sig}
-    if sig["near_copies"] and not params.exact:
-        report.update(tuned_choice=report.get("chosen"), tuned_search=params.to_dict(), chosen="exact",
-                      advice=ADVICE.format(queries=MIN_QUERIES))
-        params = replace(params, exact=True, rare=0.0)
+    if sig["near_copies"]:  # said even where exact search won anyway: it stops winning as the index grows
+        report["advice"] = ADVICE.format(queries=MIN_QUERIES)
+        if not params.exact:
+            report.update(tuned_choice=report.get("chosen"), tuned_search=params.to_dict(), chosen="exact")
+            params = replace(params, exact=True, rare=0.0)
     return params, report

@@ -15,6 +15,7 @@ at a third of CI's time), the 4,505 Brown passages, and a tf-idf corpus made her
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ import scipy.sparse as sp
 import tfidf_data
 from conftest import DATA
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
+from test_build_cli import run_cli
 from test_service import Server
 
 from gmmlsh.index.tuner import bound
@@ -97,6 +99,8 @@ def test_answers_keep_the_promise_from_the_first_query_after_a_rest_load(name, t
           f"answer {recalls[0]:.2f}, of all {recalls.mean():.4f} (lower bound {bound(recalls):.4f}); "
           f"search {stats['search']}")
     assert recalls.mean() >= PROMISED, (recalls.mean(), modes[:5], stats["search"])
+    tunings = [e for e in stats["upkeep"]["recent"] if e["kind"] == "tune"]
+    assert tunings and not any((e.get("near_copies") or {}).get("near_copies") for e in tunings)  # none here
 
 
 @pytest.fixture(params=["lmdb", "redis"])
@@ -153,3 +157,9 @@ def test_a_restart_keeps_the_monitors_estimate_and_the_served_sample(where, tmp_
     assert after["served"]["seen"] >= before["served"]["seen"] + 1  # every query served before the stop, and more
     assert after["served"]["queries"] >= min(100, before["served"]["queries"])
     assert more["recall"]["since"] == rec["since"]  # the queries served since are added to the same estimate
+    if "GMMLSH_INDEX" in where:  # the command line shows it too
+        info = run_cli("info", "--index", where["GMMLSH_INDEX"])
+        assert info.returncode == 0, info.stderr
+        line = next(x for x in info.stdout.splitlines() if x.startswith("recall"))
+        shown = re.match(r"recall +(\d\.\d{3}) measured on ([\d,]+) served queries .*\(90 % interval", line)
+        assert shown and int(shown[2].replace(",", "")) >= more["recall"]["checked"], line  # the last, checked since
