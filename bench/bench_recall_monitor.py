@@ -4,11 +4,13 @@
 
 Each arm serves a stream of held-out queries one at a time through the Python API (the same
 ``Index.query`` a server's workers run), numba on one thread; a share of them is recorded by
-the index's :class:`~gmmlsh.index.monitor.Recorder` and, every 250 queries, checked by the
-monitor's :class:`~gmmlsh.index.monitor.Checker` as the upkeep worker runs it (here in
-process, on one thread, its CPU time counted); a re-tune the monitor asks for is run then
-(``Index.maintain``, what the upkeep worker does). The true recall@10 of every served answer
-comes from exact search (its similarities against the true 10th: ties count).
+the index's :class:`~gmmlsh.index.monitor.Recorder` and, as a process hands them over (every
+:data:`~gmmlsh.index.monitor.FLUSH_RECORDS` records; here also every 10,000 queries, for the
+10 s a quiet process waits), checked by the monitor's :class:`~gmmlsh.index.monitor.Checker` as
+the upkeep worker runs it (here in process, on one thread, its CPU time counted); a re-tune the
+monitor asks for is run then (``Index.maintain``, what the upkeep worker does). The true
+recall@10 of every served answer comes from exact search (its similarities against the true
+10th: ties count).
 
 Arms:
 
@@ -47,7 +49,8 @@ from gmmlsh.index import monitor, tuner
 from gmmlsh.index.config import SearchParams
 from gmmlsh.index.index import Index
 
-CHECK_EVERY = 250
+#: Queries after which held records are checked whatever their number (a quiet process's 10 s).
+CHECK_EVERY = 10_000
 REDRAWS = 1000
 
 
@@ -82,7 +85,8 @@ class Stream:
             self.served += 1
             sims = np.array([nb.similarity for nb in res.neighbors])
             self.recalls.append(min(10, int(np.count_nonzero(sims >= self.tenth[i] - 1e-9))) / 10)
-            if self.served % CHECK_EVERY == 0 and self.check(retune) and stop_after_retune:
+            due = self.ix.recorder.held >= monitor.FLUSH_RECORDS or self.served % CHECK_EVERY == 0
+            if due and self.check(retune) and stop_after_retune:
                 return
 
     def check(self, retune: bool) -> bool:
@@ -94,7 +98,7 @@ class Stream:
             self.last = self.report()
             self.ix.maintain()
             self.retuned_at.append(self.served)
-            self.recalls = []
+            self.recalls_before, self.recalls = self.recalls, []
             return True
         return False
 
@@ -234,7 +238,8 @@ def brown(workdir: Path, rng: np.random.Generator, share: float) -> dict:
             last = getattr(st, "last", st.report())
             arm = {"arm": f"Brown 200k, stored-vector tuning, share {share:.0%}",
                    "retuned_after": st.retuned_at[0] if st.retuned_at else None, "at_request": last,
-                   "search_after": ix.view().search.to_dict(), "truth_before": float(np.mean(st.recalls))}
+                   "search_after": ix.view().search.to_dict(),
+                   "truth_before": float(np.mean(st.recalls_before if st.retuned_at else st.recalls))}
             if st.retuned_at:
                 done = st.served
                 st.run(500 - done, retune=False)
@@ -244,8 +249,7 @@ def brown(workdir: Path, rng: np.random.Generator, share: float) -> dict:
     return out
 
 
-def report(res: dict) -> list[str]:
-    f = res["fashion"]
+def _fashion_report(f: dict) -> list[str]:
     L = [f"Fashion-MNIST, {f['rows']:,} rows, tuned on 128 test images: the served search "
          f"{json.dumps(f['search'])}; a served query {f['served_us']:.0f} µs of CPU, recording one for the "
          f"monitor {f['record_overhead_us']:.1f} µs more (share 1).", "",
@@ -280,38 +284,45 @@ def report(res: dict) -> list[str]:
         if a["arm"].startswith("mistuned as an override"):
             L.append(f"- {a['arm']}: estimate {a['estimate']} against {a['truth']:.4f} served; re-tuned: "
                      f"{a['retuned']}; the report says: {a['note']!r}.")
-    b = res.get("brown")
-    if b:
-        bt = b["build_tuning"]
-        L += ["", f"Brown passages grown to {b['rows']:,} (`gmmlsh build`, no `--tune-queries`, {b['build_s']:.0f} s): "
-              f"the tuner chose {bt['tuned_choice'] or bt['chosen']} on stored vectors; near-copy signal "
-              f"{json.dumps(bt['near_copies'])}; the index answers by **{bt['chosen']}**. From the first query: "
-              f"modes {b['from_first_query']['modes']}, recall@10 **{b['from_first_query']['recall']:.3f}** "
-              f"(200 held-out passages)."]
-        m = b.get("monitor")
-        if m:
-            at = m["at_request"]
-            L.append(f"- {m['arm']} (true recall of what it served: {m['truth_before']:.3f}): "
-                     + (f"the monitor asked for a re-tune after **{m['retuned_after']} queries** ({at['checked']} "
-                        f"checked: estimate {at['estimate']}, interval {at['lower']}–{at['upper']}); then "
-                        f"{json.dumps(m['search_after'])}, mode {m['mode_after']}, recall@10 after "
-                        f"{m['recall_after']:.3f}." if m["retuned_after"] else "no re-tune asked."))
     return L
+
+
+def _brown_report(b: dict) -> list[str]:
+    bt = b["build_tuning"]
+    L = ["", f"Brown passages grown to {b['rows']:,} (`gmmlsh build`, no `--tune-queries`, {b['build_s']:.0f} s): "
+         f"the tuner chose {bt['tuned_choice'] or bt['chosen']} on stored vectors; near-copy signal "
+         f"{json.dumps(bt['near_copies'])}; the index answers by **{bt['chosen']}**. From the first query: "
+         f"modes {b['from_first_query']['modes']}, recall@10 **{b['from_first_query']['recall']:.3f}** "
+         f"(200 held-out passages)."]
+    m = b.get("monitor")
+    if m:
+        at = m["at_request"]
+        L.append(f"- {m['arm']} (true recall of what it served: {m['truth_before']:.3f}): "
+                 + (f"the monitor asked for a re-tune after **{m['retuned_after']} queries** ({at['checked']} "
+                    f"checked: estimate {at['estimate']}, interval {at['lower']}–{at['upper']}); then "
+                    f"{json.dumps(m['search_after'])}, mode {m['mode_after']}, recall@10 after "
+                    f"{m['recall_after']:.3f}." if m["retuned_after"] else "no re-tune asked."))
+    return L
+
+
+def report(res: dict) -> list[str]:
+    return (_fashion_report(res["fashion"]) if "fashion" in res else []) + \
+        (_brown_report(res["brown"]) if "brown" in res else [])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stream", type=int, default=20000, help="queries each Fashion-MNIST arm serves")
     p.add_argument("--brown-share", type=float, default=0.3)
-    p.add_argument("--no-brown", dest="brown", action="store_false")
+    p.add_argument("--arms", default="fashion,brown", help="fashion, brown or both")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     numba.set_num_threads(1)
     rng = np.random.default_rng(34)
     workdir = Path(tempfile.mkdtemp(prefix="gmmlsh-monitor-"))
     try:
-        res = {"fashion": fashion(workdir, a.stream, rng)}
-        if a.brown:
+        res = {"fashion": fashion(workdir, a.stream, rng)} if "fashion" in a.arms else {}
+        if "brown" in a.arms:
             res["brown"] = brown(workdir, rng, a.brown_share)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -171,6 +171,11 @@ class Recorder:
                     "rows": view.rows, "sims": np.pad(top, (0, tuner.NEIGHBORS - top.shape[0]), constant_values=-1.0),
                     "at": time.time(), "key": key, "overridden": bool(overrides)})
 
+    @property
+    def held(self) -> int:
+        """Records not yet written to the inbox."""
+        return len(self._records)
+
     def due(self) -> bool:
         return bool(self._records) and (len(self._records) >= FLUSH_RECORDS
                                         or time.monotonic() - self._flushed_at > FLUSH_SECONDS)
