@@ -288,9 +288,9 @@ class Upkeep:
         self.index.flush_served()
         self.index.flush_recorded()
         if monitor.pending(self.mirror.dir):  # the recall monitor's checks first: they may ask for a re-tune
-            with self.mirror.locked("monitor-lane"):
+            with self.mirror.locked("monitor-lane", blocking=False) as mine:  # else a worker checks them
                 checked = monitor.Checker(self.mirror, self.config, self.index.recorder.budget,
-                                          self.index.overrides, budgeted=False).run()
+                                          self.index.overrides, budgeted=False).run() if mine else 0
             if checked:
                 done["monitor"] = [{"checked": checked}]
         with self.mirror.locked("fast"):
