@@ -107,11 +107,13 @@ class Collections:
         if "prefix" in entry:  # a Redis collection: its mirror on this machine (an LMDB one's went with it)
             shutil.rmtree(mirror_dir(self.location, entry["prefix"], entry["uid"], self.cache_dir), ignore_errors=True)
 
-    def open(self, name: str, *, search: dict | None = None, maintain: bool = True) -> Index:
-        """The index of collection ``name``, opened (close it when done)."""
+    def open(self, name: str, *, search: dict | None = None, maintain: bool = True, **options) -> Index:
+        """The index of collection ``name``, opened (close it when done); ``options``: the
+        index's own (:meth:`Index.open`'s ``monitor_budget``, ``monitor_share``)."""
         entry = self.get(name)
         index = Index.open(self.registry.location(entry), None, create=False, prefix=entry.get("prefix", self.prefix),
-                           cache_dir=self.cache_dir, search=search, maintain=maintain, **self.store_options)
+                           cache_dir=self.cache_dir, search=search, maintain=maintain, **options,
+                           **self.store_options)
         if index.config.uid != entry["uid"]:  # deleted and made again between the two reads
             index.close()
             raise UnknownCollection(name)

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 
 from gmmlsh import CACHE_DIR
 from gmmlsh.core.validate import VectorError
-from gmmlsh.index import tuner
+from gmmlsh.index import monitor, tuner
 from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
@@ -35,9 +36,10 @@ from gmmlsh.index.search import (
     MODE_ALIASES,
     MODES,
     QueryResult,
+    answer,
+    found_by,
     prepare_row,
     prepare_vectors,
-    run,
     sparse_query,
 )
 from gmmlsh.index.served import QuerySample, SharedSample
@@ -108,7 +110,7 @@ class Index:
     """An opened index; thread-safe. Open one per process (never share one across fork)."""
 
     def __init__(self, store: Store, config: IndexConfig, mirror_dir: str | os.PathLike, *,
-                 search: dict | None = None, maintain: bool = True):
+                 search: dict | None = None, maintain: bool = True, monitor_budget: float = monitor.BUDGET):
         self.store = store
         self.config = config
         self.mirror = Mirror(mirror_dir, config)
@@ -121,6 +123,8 @@ class Index:
         #: which the tuner re-tunes on (:mod:`gmmlsh.index.served`).
         self.served = QuerySample()
         self.shared = SharedSample(self.mirror.dir, config.dim)
+        #: The recall monitor's share of this process's served queries (:mod:`gmmlsh.index.monitor`).
+        self.recorder = monitor.Recorder(self.mirror.dir, monitor_budget)
         #: How to open this index again (a worker process running its upkeep does).
         self.open_args: dict = {}
         #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
@@ -143,17 +147,24 @@ class Index:
     @classmethod
     def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh", create: bool = True,
              cache_dir: str | os.PathLike | None = None, search: dict | None = None, maintain: bool = True,
+             monitor_budget: float = monitor.BUDGET, monitor_share: float | None = None,
              **store_options) -> Index:
         """Open (or create, given a ``config``) the index at a directory or Redis URL.
 
         ``cache_dir``: where the search mirror of a Redis index lives on this machine;
         ``search``: :class:`SearchParams` fields that override the tuned ones;
-        ``maintain``: keep the lists and the tuning up in the background as the index grows.
+        ``maintain``: keep the lists and the tuning up in the background as the index grows;
+        ``monitor_budget``: the share of the served searches' CPU time the recall monitor's exact
+        re-runs may take (:mod:`gmmlsh.index.monitor`; 0: no monitor); ``monitor_share``: the
+        share of served queries it checks, fixed instead (None: derived from the budget).
         """
         loc = str(location)
         group = store_options.get("group")
         if group is not None and not is_redis(loc):
             raise ValueError("group: only an index in Redis is served in groups of id-shards")
+        monitor_budget = monitor.check_budget(monitor_budget)
+        if monitor_share is not None:
+            monitor.check_budget(monitor_share, "monitor_share")
         if not is_redis(loc) and config is None and not (Path(loc) / "data.mdb").exists():
             raise FileNotFoundError(f"index: no index at {loc}; create one by giving its parameters (dim, ...)")
         store = open_store(loc, prefix=prefix, **store_options)
@@ -170,9 +181,10 @@ class Index:
                     raise ConfigConflict("index has other parameters: " + "; ".join(diffs))
             index = cls(store, found, mirror_dir(loc, prefix, found.uid, cache_dir,
                                                  tuple(group) if group is not None else None),
-                        search=search, maintain=maintain)
+                        search=search, maintain=maintain, monitor_budget=monitor_budget)
+            index.recorder.fixed_share = monitor_share
             index.open_args = {"location": loc, "prefix": prefix, "cache_dir": cache_dir and str(cache_dir),
-                               "search": search, **store_options}
+                               "search": search, "monitor_budget": monitor_budget, **store_options}
             return index
         except BaseException:
             store.close()
@@ -290,6 +302,8 @@ class Index:
         if id is not None:
             check_id(id)
 
+        watched = mode == "auto" and candidates is None and probes is None and flt is None
+
         def on(view: View) -> QueryResult:
             params, how = self._plan(view, mode, candidates, probes)
             if id is not None:
@@ -302,10 +316,10 @@ class Index:
                 q = prepare_row(view, row, self.config)
             elif isinstance(X32, SparseRow) and how in ("postings", "exact") and self.config.center is None:
                 with sparse_query(X32, self.config) as q:
-                    return self._answer(view, [q], k, how, min_similarity, params, flt)[0]
+                    return self._answer(view, [q], k, how, min_similarity, params, flt, watched)[0]
             else:
                 q = prepare_vectors(X32, self.config, sketch=how == "sketch")[0]
-            return self._answer(view, [q], k, how, min_similarity, params, flt)[0]
+            return self._answer(view, [q], k, how, min_similarity, params, flt, watched)[0]
 
         return self._current(on)
 
@@ -317,13 +331,14 @@ class Index:
         flt = as_filter(filter)
         X32 = as_stored(X, self.config.dim, "vectors")
         self.served.add(X32)
+        watched = mode == "auto" and candidates is None and probes is None and flt is None
 
         def on(view: View) -> list[QueryResult]:
             params, how = self._plan(view, mode, candidates, probes)
             out: list[QueryResult] = []
             for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
                 qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=how == "sketch")
-                out += self._answer(view, qs, k, how, min_similarity, params, flt)
+                out += self._answer(view, qs, k, how, min_similarity, params, flt, watched)
             return out
 
         return self._current(on)
@@ -375,6 +390,8 @@ class Index:
             self.upkeep.poke(view)
         if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES):
             self.flush_served()
+        if self.recorder.due():
+            self.flush_recorded()
         return out
 
     def flush_served(self) -> None:
@@ -383,6 +400,13 @@ class Index:
             self.shared.add(self.served, self.mirror.locked)
         except OSError as exc:  # a full disk: the sample waits, the queries go on
             log.warning("served queries not saved: %s", exc)
+
+    def flush_recorded(self) -> None:
+        """Hand the queries recorded for the recall monitor to its inbox."""
+        try:
+            self.recorder.flush()
+        except OSError as exc:  # a full disk: those records are lost, the queries go on
+            log.warning("queries recorded for the recall monitor not saved: %s", exc)
 
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
         """The search parameters and the search that answers: for ``auto``, the tuner may have
@@ -403,10 +427,17 @@ class Index:
             return params, "postings"
         return params, "sketch"
 
-    def _answer(self, view, qs, k, mode, min_similarity, params, flt=None) -> list[QueryResult]:
+    def _answer(self, view, qs, k, mode, min_similarity, params, flt=None, watched=False) -> list[QueryResult]:
+        """Answers by the search ``mode`` names; ``watched``: the index's own choice (``auto``, no
+        knobs, no filter), so a share of those the tuned search answers go to the recall monitor."""
         if flt is not None:
             return run_filtered(view, qs, k, mode, min_similarity, params, self.config, flt, self.columns)
-        return run(view, qs, k, mode, min_similarity, params, self.config)
+        watched = watched and mode in ("sketch", "postings") and self.recorder.share > 0
+        t0 = time.thread_time() if watched else 0.0
+        found = found_by(view, qs, k, mode, params, self.config)
+        if watched:
+            self.recorder.offer(view, qs, found, time.thread_time() - t0, self.overrides)
+        return [answer(view, mode, k, rows, sims, scored, min_similarity) for rows, sims, scored in found]
 
     # --- by metadata ---------------------------------------------------------------------------
     def scroll(self, cursor: str | None = None, limit: int = 100, filter: dict | Filter | None = None
@@ -463,6 +494,8 @@ class Index:
                        "listed_rows": view.tail_start, "tail_rows": view.rows - view.tail_start,
                        "disk_bytes": self.mirror.disk_bytes()},
             "upkeep": self.upkeep.report(),
+            "recall": monitor.report(self.mirror.dir, self.recorder.budget, self.recorder.share),
+            "served": self.shared.summary(),
             "store": self.store.info(),
             "filters": {"indexed_fields": list(self.indexed)},
         }
@@ -493,6 +526,7 @@ class Index:
         """Close the store; what this process wrote to the search mirror is put on disk first."""
         try:
             self.flush_served()
+            self.flush_recorded()
             if self.mirror.written:
                 self.mirror.checkpoint()
         except OSError as exc:  # a full disk: the mirror is derived data, rebuilt if a restart needs it

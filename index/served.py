@@ -105,6 +105,15 @@ class SharedSample:
         except (OSError, ValueError, KeyError):
             return 0
 
+    def summary(self) -> dict:
+        """What ``stats()`` shows: queries the shared sample holds and how many it was drawn from
+        (every query served and merged, by every process, across restarts)."""
+        try:
+            meta = json.loads(self._meta.read_text())
+            return {"queries": int(meta["rows"]), "seen": int(meta["seen"])}
+        except (OSError, ValueError, KeyError):
+            return {"queries": 0, "seen": 0}
+
     def load(self) -> tuple[int, list]:
         """(seen, rows): each row a 1-row CSR matrix at stored precision."""
         try:

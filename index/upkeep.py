@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from gmmlsh.index import segments, tuner
+from gmmlsh.index import monitor, nearcopies, segments, tuner
 from gmmlsh.index.mirror import Stale, View
 from gmmlsh.index.segments import ArenaWriter, Fit
 
@@ -53,9 +53,13 @@ FAST_ROWS = 1 << 16
 NICE = 10
 #: Seconds a lane waits before it runs again after a task failed.
 RETRY_SECONDS = 30.0
-#: Seconds a worker process waits for more work before it stops, and between its looks for work.
+#: Seconds a worker process waits for more work before it stops, and between its looks for work
+#: (the recall monitor's inbox: less often).
 IDLE_SECONDS = 20.0
 POLL_SECONDS = 0.1
+MONITOR_POLL_SECONDS = 0.5
+#: The locks a worker's lanes hold (one process of the machine runs each).
+LANES = ("fast", "slow", "monitor-lane")
 #: Seconds between a serving process's looks for whether a worker should be started.
 SPAWN_CHECK_SECONDS = 0.5
 #: The environment variable a worker process finds its index's opening arguments in (JSON).
@@ -80,6 +84,7 @@ class Upkeep:
         self._guard = threading.Lock()
         self._planned: tuple[View | None, dict[str, bool]] = (None, {})
         self._served: tuple[float, int] = (0.0, 0)
+        self._asked: tuple[float, View | None, bool] = (0.0, None, False)
 
     # --- what is due ------------------------------------------------------------------------
     def due(self, view: View) -> dict[str, bool]:
@@ -92,7 +97,8 @@ class Upkeep:
             slow = self._fit_due(view) or self._merge(view, small=False) is not None
             due = {"fast": fast, "slow": slow}
             self._planned = (view, due)
-        return {"fast": due["fast"], "slow": due["slow"] or self._tuning_due(view)}
+        return {"fast": due["fast"], "slow": due["slow"] or self._tuning_due(view),
+                "monitor": monitor.pending(self.mirror.dir)}
 
     def _fit_due(self, view: View) -> bool:
         if view.fit is None:
@@ -122,7 +128,15 @@ class Upkeep:
         if view.rows < tuner.MIN_ROWS or view.live < tuner.MIN_ROWS:
             return False
         return view.rows >= 2 * max(view.tuned_rows, 1) or (
-            not view.tuned_on_queries and self._served_count() >= tuner.MIN_QUERIES)
+            not view.tuned_on_queries and self._served_count() >= tuner.MIN_QUERIES) or self._monitor_asks(view)
+
+    def _monitor_asks(self, view: View) -> bool:
+        """Whether the recall monitor asked for a re-tune of the search now tuned (read at most once a second)."""
+        at, seen, asked = self._asked
+        if seen is not view or time.monotonic() - at > 1.0:
+            asked = monitor.retune_requested(self.mirror.dir, view)
+            self._asked = (time.monotonic(), view, asked)
+        return asked
 
     def _served_count(self) -> int:
         """Queries in the index's shared sample (read at most once a second)."""
@@ -141,12 +155,12 @@ class Upkeep:
             return
         self._next_check = now + SPAWN_CHECK_SECONDS
         due = self.due(view)
-        if not (due["fast"] or due["slow"]):
+        if not any(due.values()):
             return
         with self._guard:
             if self._worker is not None and self._worker.poll() is None:
                 return  # ours runs
-            if any(self._held(lane) for lane in ("fast", "slow")):
+            if any(self._held(lane) for lane in LANES):
                 return  # another process's runs
             env = {**os.environ, WORKER_ENV: json.dumps(self.index.open_args, default=str)}
             self._worker = subprocess.Popen([sys.executable, "-m", "gmmlsh.index.upkeep"], env=env,
@@ -161,10 +175,35 @@ class Upkeep:
         stop = threading.Event()
         lanes = [threading.Thread(target=self._lane, args=(lane, idle, stop), name=f"gmmlsh-upkeep-{lane}")
                  for lane in ("fast", "slow")]
-        for t in lanes:
+        watch = threading.Thread(target=self._monitor_lane, args=(idle, lanes), name="gmmlsh-upkeep-monitor")
+        for t in (*lanes, watch):
             t.start()
-        for t in lanes:
+        for t in (*lanes, watch):
             t.join()
+
+    def _monitor_lane(self, idle: float, lanes: list[threading.Thread]) -> None:
+        """The recall monitor's checks (:mod:`gmmlsh.index.monitor`), one thread of numba, until
+        the other lanes are done and no record came for ``idle`` seconds."""
+        if self.index.recorder.budget <= 0:
+            return
+        import numba
+
+        numba.set_num_threads(1)  # beside the queries: a thread of its own, at the worker's priority
+        checker = monitor.Checker(self.mirror, self.config, self.index.recorder.budget, self.index.overrides)
+        with self.mirror.locked("monitor-lane", blocking=False) as mine:
+            if not mine:
+                return
+            last = time.monotonic()
+            while self.mirror.dir.exists():
+                try:
+                    if checker.run():
+                        last = time.monotonic()
+                except Exception:  # the index keeps answering; say why the monitor failed
+                    log.exception("recall monitor failed")
+                    time.sleep(RETRY_SECONDS)
+                if time.monotonic() - last > idle and not any(t.is_alive() for t in lanes):
+                    return
+                time.sleep(MONITOR_POLL_SECONDS)
 
     def _lane(self, lane: str, idle: float, stop: threading.Event) -> None:
         with self.mirror.locked(lane, blocking=False) as mine:
@@ -247,6 +286,13 @@ class Upkeep:
         numba's threads): a bulk load's end, a test. ``queries``: tune on these now."""
         done: dict = {}
         self.index.flush_served()
+        self.index.flush_recorded()
+        if monitor.pending(self.mirror.dir):  # the recall monitor's checks first: they may ask for a re-tune
+            with self.mirror.locked("monitor-lane", blocking=False) as mine:  # else a worker checks them
+                checked = monitor.Checker(self.mirror, self.config, self.index.recorder.budget,
+                                          self.index.overrides, budgeted=False).run() if mine else 0
+            if checked:
+                done["monitor"] = [{"checked": checked}]
         with self.mirror.locked("fast"):
             self._run("fast", done=done)
         with self.mirror.locked("slow"):
@@ -364,12 +410,15 @@ class Upkeep:
         served = queries or (self.index.shared.rows(tuner.MAX_QUERIES)
                              if self._served_count() >= tuner.MIN_QUERIES else None)
         params, report = tuner.tune(view, self.config, seed=self.config.seed, served=served)
+        if not served:  # tuned on stored vectors: can they stand in for new queries?
+            params, report = nearcopies.guard(view, self.config, params, report)
 
         def record(state: dict) -> None:
             state.update(search=params.to_dict(), tuned_rows=view.rows, tuned_lists=view.list_count,
                          tuned_on_queries=served is not None)
 
         self.mirror.publish(record)
+        monitor.tuned(self.mirror.dir, self.mirror.locked, report)  # the recall monitor's new epoch
         self.index.last_tuning = report
         return report
 

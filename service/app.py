@@ -142,7 +142,7 @@ def create_app(settings: Settings | None = None) -> App:
         publisher = (Publisher(index, settings.snapshots, settings.advertised, settings.group_pair,
                                settings.snapshot_every).start()
                      if settings.group_pair is not None and settings.snapshots else None)
-        metrics.bind_index(index.count)
+        metrics.bind_index(index.count, app.state.collections.recall_reports)
         # Everything made so far lives as long as the worker: out of the garbage collector's
         # sight, a full collection (each query leaves short-lived objects) scans only what
         # requests make, not the whole heap of a process that imported numpy, numba and FastAPI.

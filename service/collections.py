@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 
+from gmmlsh.index import monitor
 from gmmlsh.index.collections import DEFAULT_COLLECTION, Collections, UnknownCollection
 from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index
-from gmmlsh.service.opening import index_options
+from gmmlsh.index.index import Index, mirror_dir
+from gmmlsh.service.opening import INDEX_ONLY, index_options
 from gmmlsh.service.settings import Settings
 
 log = logging.getLogger("gmmlsh.service")
@@ -28,7 +29,7 @@ class CollectionManager:
         self.settings = settings
         self.default = default
         opts = index_options(settings)
-        self._search = opts.pop("search")
+        self._index_options = {k: opts.pop(k) for k in INDEX_ONLY}
         self.collections = Collections(settings.location, **opts)
         self._open: dict[str, Index] = {}  # name → index, oldest first
         self._users: dict[int, int] = {}  # id(index) → requests using it now
@@ -59,7 +60,7 @@ class CollectionManager:
                     raise UnknownCollection(name)
                 while len(self._open) >= self.settings.open_collections:  # the one open longest
                     self._drop(next(iter(self._open)))
-                index = self.collections.open(name, search=self._search)
+                index = self.collections.open(name, **self._index_options)
                 self._open[name] = index
             self._users[id(index)] = self._users.get(id(index), 0) + 1
         return index
@@ -98,6 +99,16 @@ class CollectionManager:
     def listing(self) -> list[dict]:
         """``default`` (the server's own index), then the named collections: see :meth:`Collections.listing`."""
         return self.collections.listing(self.default)
+
+    def recall_reports(self) -> dict[str, dict]:
+        """Each collection's recall monitor report (:func:`gmmlsh.index.monitor.report`), read from
+        this machine's mirror directories without opening the collections."""
+        out = {DEFAULT_COLLECTION: monitor.report(self.default.mirror.dir)}
+        for entry in self.list():
+            where = mirror_dir(self.collections.registry.location(entry), entry.get("prefix", self.settings.prefix),
+                               entry["uid"], self.settings.cache_dir)
+            out[entry["name"]] = monitor.report(where)
+        return out
 
     def close(self) -> None:
         with self._lock:

@@ -1,4 +1,4 @@
-"""Prometheus metrics: requests, latency, candidates per query, index size.
+"""Prometheus metrics: requests, latency, candidates per query, index size, served recall.
 
 Each app owns its metric objects and registry (several apps in one process, as in
 tests, must not collide in prometheus-client's global registry).
@@ -9,7 +9,9 @@ scrape answered by one worker would show a fraction of the traffic. When
 fresh temporary directory when it is not set already), prometheus-client keeps
 the values in shared files and ``/metrics`` aggregates every worker's. The
 index size is read live from the store at scrape time: every worker sees the
-same LMDB environment or Redis, so any worker's answer is the whole index's.
+same LMDB environment or Redis, so any worker's answer is the whole index's. So is the
+recall monitor's estimate of each collection (:mod:`gmmlsh.index.monitor`), read at scrape
+time from the machine's mirror directories.
 """
 
 from __future__ import annotations
@@ -40,12 +42,18 @@ def multiprocess_dir() -> str | None:
 
 
 class _IndexCollector(Collector):
-    """``gmmlsh_index_vectors`` / ``gmmlsh_store_up`` computed at scrape time."""
+    """``gmmlsh_index_vectors`` / ``gmmlsh_store_up`` and the recall gauges, computed at scrape time."""
 
-    def __init__(self, count: Callable[[], int]):
+    def __init__(self, count: Callable[[], int], recall: Callable[[], dict[str, dict]] | None = None):
         self._count = count
+        self._recall = recall
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._index()
+        if self._recall is not None:
+            yield from recall_gauges(self._recall())
+
+    def _index(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("gmmlsh_store_up", "1 if the index store answered this scrape")
         try:
             n = self._count()
@@ -56,6 +64,27 @@ class _IndexCollector(Collector):
         up.add_metric([], 1)
         yield up
         yield GaugeMetricFamily("gmmlsh_index_vectors", "vectors stored in the index", value=n)
+
+
+#: The recall monitor's gauges: (name, help, the report's field).
+RECALL_GAUGES = (
+    ("gmmlsh_recall_estimate", "recall@10 of the served answers, estimated by the recall monitor "
+     "(the current tuning's sample)", "estimate"),
+    ("gmmlsh_recall_lower", "lower end of the estimate's 90 % interval (one-sided 95 % bound)", "lower"),
+    ("gmmlsh_recall_upper", "upper end of the estimate's 90 % interval", "upper"),
+    ("gmmlsh_recall_checked", "served queries the recall monitor checked by exact search (current tuning)", "checked"),
+    ("gmmlsh_recall_target", "the recall@10 target the index tunes for", "target"),
+)
+
+
+def recall_gauges(reports: dict[str, dict]) -> Iterator[GaugeMetricFamily]:
+    """One gauge family per :data:`RECALL_GAUGES`, a sample per collection (those with a value)."""
+    for name, text, field in RECALL_GAUGES:
+        family = GaugeMetricFamily(name, text, labels=["collection"])
+        for collection, report in sorted(reports.items()):
+            if report.get(field) is not None:
+                family.add_metric([collection], float(report[field]))
+        yield family
 
 
 class Metrics:
@@ -82,8 +111,9 @@ class Metrics:
         )
         self._children: dict[tuple[str, str, int], tuple] = {}
         self._count: Callable[[], int] | None = None
+        self._recall: Callable[[], dict[str, dict]] | None = None
         if not self.multiprocess:
-            self.registry.register(_IndexCollector(self._live_count))
+            self.registry.register(_IndexCollector(self._live_count, self._recall_reports))
 
     def observe_request(self, method: str, route: str, status: int, collection: str, seconds: float) -> None:
         """Count one answered request and its time, by route template and collection (the
@@ -99,8 +129,16 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def bind_index(self, count: Callable[[], int] | None) -> None:
+    def bind_index(self, count: Callable[[], int] | None, recall: Callable[[], dict[str, dict]] | None = None) -> None:
+        """What the scrape-time gauges read: the index's size, and each collection's recall report."""
         self._count = count
+        self._recall = recall
+
+    def _recall_reports(self) -> dict[str, dict]:
+        try:
+            return self._recall() if self._recall is not None else {}
+        except Exception:  # noqa: BLE001 - a scrape must succeed while a collection is being deleted
+            return {}
 
     def _live_count(self) -> int:
         if self._count is None:
@@ -114,7 +152,7 @@ class Metrics:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            registry.register(_IndexCollector(self._live_count))
+            registry.register(_IndexCollector(self._live_count, self._recall_reports))
         else:
             registry = self.registry
         return generate_latest(registry), CONTENT_TYPE_LATEST

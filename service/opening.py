@@ -20,10 +20,15 @@ class IndexOpenError(RuntimeError):
     """Opening the index failed (message scrubbed of credentials)."""
 
 
+#: Options of :func:`index_options` that are the index's, not its store's.
+INDEX_ONLY = ("search", "monitor_budget", "monitor_share")
+
+
 def index_options(settings: Settings) -> dict:
     """Options for ``Index.open`` beyond the location: search overrides, the mirror's place,
     and the backend's own (LMDB reader slots for every worker thread)."""
-    opts: dict = {"prefix": settings.prefix, "search": settings.search_overrides}
+    opts: dict = {"prefix": settings.prefix, "search": settings.search_overrides,
+                  "monitor_budget": settings.monitor_budget, "monitor_share": settings.monitor_share}
     if settings.backend == "lmdb":
         opts["max_readers"] = settings.max_readers
     elif settings.cache_dir:
@@ -43,7 +48,7 @@ def open_index(settings: Settings) -> Index:
     if settings.collection != DEFAULT_COLLECTION:  # the unprefixed routes' collection must exist
         try:
             with Collections(settings.location, **{k: v for k, v in index_options(settings).items()
-                                                   if k != "search"}) as cols:
+                                                   if k not in INDEX_ONLY}) as cols:
                 cols.get(settings.collection)
         except BaseException:
             index.close()

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
 from gmmlsh.index.index import DEFAULT_CACHE_DIR
+from gmmlsh.index.monitor import BUDGET
 from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
 
 MiB = 1024 * 1024
@@ -95,6 +96,14 @@ class Settings(_creation_settings()):
     rank_bits: int | None = Field(None, ge=1, le=RANK_BITS_MAX, description="bits per code in that ranking")
     rare: float | None = Field(None, ge=0, le=1, description="postings search on sparse rows: share of the rows a "
                                "coordinate read is held by at most (0: the sketch search)")
+
+    # --- the recall monitor (gmmlsh.index.monitor) -------------------------------------------
+    monitor_budget: float = Field(BUDGET, ge=0, le=1,
+                                  description="share of the served searches' CPU time the recall monitor's exact "
+                                  "re-runs of a sample of them may take (0: no monitor)")
+    monitor_share: float | None = Field(None, ge=0, le=1,
+                                        description="share of the served queries the recall monitor checks, fixed "
+                                        "(unset: derived from monitor_budget)")
 
     # --- request limits -----------------------------------------------------------
     max_body_bytes: int = Field(64 * MiB, ge=1024, description="larger bodies get 413")

@@ -73,6 +73,9 @@ def info(args) -> int:
                    f"{mirror['lists']:,} lists over {mirror['listed_rows']:,} rows, {mirror['tail_rows']:,} rows not "
                    "listed yet"),
         ("search", describe_search(search)),
+        ("recall", describe_recall(stats["recall"])),
+        ("served", f"{stats['served']['seen']:,} queries served and kept in a sample of {stats['served']['queries']:,} "
+                   "(the tuner's)"),
         ("format", f"version {cfg.get('format_version')}, generator {cfg.get('generator_version')}"),
     ]
     for k, v in rows:
@@ -92,6 +95,22 @@ Exit code 0 when sound, 1 when problems are found. Check a quiet index (or a
 snapshot): a write landing during the scan can look like a problem. A damaged
 mirror is repaired by deleting its directory: it is rebuilt from the store.
 """
+
+
+def describe_recall(rec: dict) -> str:
+    """The recall monitor's report (:func:`gmmlsh.index.monitor.report`) in a line."""
+    if rec.get("estimate") is None:
+        line = "no served query of this tuning checked yet"
+    else:
+        line = f"{rec['estimate']:.3f} measured on {rec['checked']:,} served queries answered again by exact search"
+        if rec.get("lower") is not None:
+            line += f" (90 % interval {rec['lower']:.3f}-{rec['upper']:.3f})"
+    line += f"; target {rec['target']:.2f}"
+    if rec.get("note"):
+        line += f"; {rec['note']}"
+    if rec.get("retunes"):
+        line += f"; {len(rec['retunes'])} re-tune(s) the monitor asked for"
+    return line
 
 
 def check(args) -> int:

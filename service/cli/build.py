@@ -264,4 +264,7 @@ def run(args) -> int:
         print(summary.describe())
         if not summary.interrupted:
             print("search: " + describe_search(search))
+    advice = next((t["advice"] for t in (summary.upkeep or {}).get("tune", []) if t.get("advice")), None)
+    if advice:
+        print(f"note: {advice}", file=log)
     return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK

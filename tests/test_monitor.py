@@ -1,0 +1,123 @@
+"""The online recall monitor (:mod:`gmmlsh.index.monitor`), in process, on a real LMDB index.
+
+Fashion-MNIST, 10,000 rows; the search is *mistuned* by publishing a tuning that probes one
+list (recall@10 ≈ 0.83 on these rows), as a stale or unlucky tuning would leave it. With every
+served query checked (``fixed_share`` 1) the monitor's sample is the whole traffic, so its
+estimate must equal the true recall of what was served, computed here against exact search.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gmmlsh.index import monitor, tuner
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.index import Index
+
+ROWS = 10_000
+SERVED = 64
+
+
+@pytest.fixture(scope="module")
+def data(fmnist):
+    train, _, test, _ = fmnist
+    return train[:ROWS].astype(np.float32), test[:SERVED].astype(np.float32)
+
+
+def _open(path, search=None) -> Index:
+    return Index.open(path, IndexConfig(dim=784), maintain=False, search=search)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, data):
+    X, _ = data
+    path = tmp_path_factory.mktemp("monitor") / "idx"
+    with _open(path) as ix:
+        ix.upsert([str(i) for i in range(ROWS)], X)
+        ix.maintain()
+    return path
+
+
+def _mistune(ix: Index) -> None:
+    """Publish a tuning that probes one list, as if the tuner had chosen it."""
+    bad = ix.view().search.with_overrides(probes=1)
+    ix.mirror.publish(lambda state: state.update(search=bad.to_dict()))
+
+
+def _true_recalls(ix: Index, Q, answers) -> np.ndarray:
+    exact = [ix.query(q, k=10, mode="exact") for q in Q]
+    return np.array([monitor.served_recall(np.array([n.similarity for n in a.neighbors]),
+                                           np.array([n.similarity for n in e.neighbors]))
+                     for a, e in zip(answers, exact, strict=True)])
+
+
+def test_served_recall_counts_ties_and_short_answers():
+    exact = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.5, 0.5, 0.4, 0.3, 0.2, 0.2])
+    assert monitor.served_recall(exact[:10], exact) == 1.0
+    tied = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.5, 0.5, 0.4, 0.3, 0.2])  # the other 0.2: a tie, a hit
+    assert monitor.served_recall(tied, exact) == 1.0
+    missed = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.5, 0.5, 0.4, 0.3, 0.1])
+    assert monitor.served_recall(missed, exact) == 0.9
+    assert monitor.served_recall(np.array([0.9, -1.0]), np.array([0.9, 0.1])) == 0.5  # 2 rows; 1 found
+
+
+def test_a_mistuned_search_is_measured_and_retuned(built, data):
+    _, Q = data
+    with _open(built) as ix:
+        _mistune(ix)
+        ix.recorder.fixed_share = 1.0
+        answers = [ix.query(q, k=10) for q in Q]
+        assert {a.mode for a in answers} == {"sketch"}
+        truth = _true_recalls(ix, Q, answers)
+        assert truth.mean() < tuner.TARGET_RECALL - 0.05  # the mistuning shows
+        done = ix.maintain()  # the monitor's checks, then the re-tune they ask for
+        assert done["monitor"] == [{"checked": SERVED}] and "tune" in done
+        rec = ix.stats()["recall"]
+        assert rec["checked"] == 0  # a new epoch: the new tuning's
+        assert rec["previous"]["checked"] == SERVED
+        assert rec["previous"]["estimate"] == pytest.approx(truth.mean(), abs=5e-5)  # shown to 4 places
+        assert rec["previous"]["lower"] <= truth.mean() <= rec["previous"]["upper"]
+        assert len(rec["retunes"]) == 1 and rec["retunes"][0]["checked"] in monitor.CHECKS
+        assert ix.view().search.probes != 1
+        again = [ix.query(q, k=10) for q in Q]
+        assert _true_recalls(ix, Q, again).mean() >= tuner.TARGET_RECALL
+
+
+def test_an_overridden_search_is_reported_not_retuned(built, data):
+    _, Q = data
+    with _open(built) as ix:
+        ix.maintain()
+    with _open(built, search={"probes": 1}) as ix:
+        ix.recorder.fixed_share = 1.0
+        tuned = ix.view().search
+        answers = [ix.query(q, k=10) for q in Q]
+        truth = _true_recalls(ix, Q, answers)
+        done = ix.maintain()
+        assert done["monitor"] == [{"checked": SERVED}] and "tune" not in done
+        assert ix.view().search == tuned
+        rec = ix.stats()["recall"]
+        assert rec["checked"] == SERVED and rec["estimate"] == pytest.approx(truth.mean(), abs=5e-5)
+        assert rec["upper"] < tuner.TARGET_RECALL and "overridden" in rec["note"]
+        assert "retune_requested" not in rec
+
+
+def test_records_beyond_the_budget_are_dropped_at_random(built, data):
+    _, Q = data
+    with _open(built) as ix:
+        ix.recorder.fixed_share = 1.0
+        for q in Q:
+            ix.query(q, k=10)
+        ix.flush_recorded()
+        checker = monitor.Checker(ix.mirror, ix.config, budget=0.0, seed=1)
+        checker.run()  # no budget but the burst: what the burst pays for
+        state = monitor.read_state(ix.mirror.dir)
+        assert state["dropped"] + state["checked"] == SERVED and state["exact_seconds"] > 0
+        assert not monitor.pending(ix.mirror.dir)
+
+
+def test_a_bad_budget_names_the_setting(tmp_path):
+    with pytest.raises(ValueError, match="monitor_budget"):
+        Index.open(tmp_path / "idx", IndexConfig(dim=4), monitor_budget=2.0)
+    with pytest.raises(ValueError, match="monitor_share"):
+        Index.open(tmp_path / "idx", IndexConfig(dim=4), monitor_share=-0.1)
