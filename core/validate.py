@@ -76,8 +76,8 @@ def dense_float32_or_none(values, dim: int) -> np.ndarray | None:
     """A valid dense query as float32 (its stored precision) in one compiled pass, or None.
 
     The fast path for the common query (a 1-D float32/float64 array of the right
-    length): :func:`check_dense` and the batch checks cost ~25 µs of small numpy
-    calls, a fifth of a default query's Python time. None means "not clearly
+    length): :func:`check_dense` and the batch checks are many small numpy calls, a
+    large share of a query's Python time (docs/tuning.md). None means "not clearly
     valid": the caller runs the full checks, which name the problem.
     """
     if not (isinstance(values, np.ndarray) and values.ndim == 1 and values.shape[0] == dim
@@ -107,8 +107,9 @@ def sparse_float32_or_none(indices, values, dim: int) -> tuple[np.ndarray, np.nd
     """A valid sparse query as (int32 indices, float32 values) in one compiled pass, or None.
 
     The fast path of the common sparse query (integer indices, sorted, no stored zeros):
-    validating it through scipy costs ~40 µs, a quarter of a text query's Python time. None
-    means "not clearly valid": the caller runs the full checks, which name the problem."""
+    validating it through scipy is a large share of a text query's Python time
+    (docs/tuning.md). None means "not clearly valid": the caller runs the full checks, which
+    name the problem."""
     if not (isinstance(indices, np.ndarray) and isinstance(values, np.ndarray) and indices.ndim == values.ndim == 1
             and indices.shape == values.shape and indices.dtype.kind in "iu" and values.dtype.kind == "f"):
         return None

@@ -21,8 +21,8 @@ FORMAT_VERSION = 2
 MAX_K = 1000
 #: Largest rerank budget (rows reranked by GMM per query, see :class:`SearchParams`).
 MAX_CANDIDATES = 100_000
-#: Most bits per code the rank pass of a sketch search reads (the bit planes a generation keeps
-#: in list order; 4 bits ranked Fashion-MNIST as well as 8).
+#: Most bits per code the rank pass of a sketch search reads (the bit planes a segment keeps
+#: in list order; more ranked no better: docs/tuning.md).
 RANK_BITS_MAX = 4
 #: A filtered query whose condition leaves at most this many rows scores them all by exact GMM
 #: (the exact filtered answer); above it, the sketch search runs with its scan widened.

@@ -422,8 +422,8 @@ class RedisStore:
 
     def token_later(self) -> Callable[[], Token]:
         """The token's ``MGET`` sent now on a connection of its own, its reply read when asked
-        for: a query searches its mirror while the round trip (~60 µs on loopback, twice that
-        between queries) travels. Any failure, and a Cluster, fall back to :meth:`token`."""
+        for: a query searches its mirror while the round trip travels (docs/tuning.md). Any failure,
+        and a Cluster, fall back to :meth:`token`."""
         if self._cluster or self._token_keys is None:
             return self._token_now()
         pool = self._r().connection_pool

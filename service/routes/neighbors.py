@@ -54,8 +54,8 @@ router = APIRouter(tags=["neighbors"])
 
 #: The media type of a binary body: dense queries as raw little-endian float32.
 BINARY = "application/octet-stream"
-#: Bodies up to this size are parsed on the event loop (a single query: ~10 µs); larger ones
-#: in a worker thread, so a 64 MiB batch never holds the loop.
+#: Bodies up to this size are parsed on the event loop (cheaper than a hop to a thread); larger
+#: ones in a worker thread, so a 64 MiB batch never holds the loop.
 _PARSE_INLINE = 64 * 1024
 
 _EXAMPLES = {
