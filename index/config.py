@@ -125,7 +125,7 @@ def creation_defaults() -> dict:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """How the default (``lsh``) query searches: the knobs that trade recall for speed.
+    """How the default (``auto``) query searches: the knobs that trade recall for speed.
 
     ``probes``: inverted lists scanned (all: 0); ``shortlist``: rows ranked on every
     sample; ``rank_bits``: bits per code in that ranking (at most :data:`RANK_BITS_MAX`);

@@ -512,11 +512,11 @@ def test_interrupted_build_then_rerun_equals_uninterrupted(big_input, tmp_path, 
     tenth = [a[-1][1] for a in exact]
     recalls, found = [], []
     for location, options in ((loc, kw), (ref_loc, ref_kw)):
-        lsh = answers(location, Q, ids=ids, modes=("auto",), **options)
-        recalls.append(np.mean([sum(sim >= t - 1e-12 for _, sim in a) / 10 for a, t in zip(lsh, tenth, strict=True)]))
-        found.append([{i for i, _ in a} for a in lsh])
+        auto = answers(location, Q, ids=ids, modes=("auto",), **options)
+        recalls.append(np.mean([sum(sim >= t - 1e-12 for _, sim in a) / 10 for a, t in zip(auto, tenth, strict=True)]))
+        found.append([{i for i, _ in a} for a in auto])
     shared = np.mean([len(a & b) / 10 for a, b in zip(*found, strict=True)])
-    print(f"lsh recall {recalls}, answers shared {shared:.3f}")
+    print(f"auto recall {recalls}, answers shared {shared:.3f}")
     assert min(recalls) >= 0.9 and abs(recalls[0] - recalls[1]) <= 0.05 and shared >= 0.9, (recalls, shared)
 
 
