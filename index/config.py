@@ -19,6 +19,8 @@ from gmmlsh.core.rng import GENERATOR_VERSION
 FORMAT_VERSION = 2
 #: Largest ``k`` (neighbours) a query may ask for.
 MAX_K = 1000
+#: Neighbours a query returns when it does not say.
+DEFAULT_K = 10
 #: Largest rerank budget (rows reranked by GMM per query, see :class:`SearchParams`).
 MAX_CANDIDATES = 100_000
 #: Most bits per code the rank pass of a sketch search reads (the bit planes a segment keeps

@@ -24,15 +24,14 @@ import numpy as np
 
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import tuner
-from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
+from gmmlsh.index.config import DEFAULT_K, MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
-from gmmlsh.index.records import SparseRow, StoredVector, as_given, as_stored, check_id, prepare, query_rows
+from gmmlsh.index.records import SparseRow, as_given, as_stored, check_id, prepare, query_rows
 from gmmlsh.index.search import (
     MODE_ALIASES,
     MODES,
-    QueryResult,
     prepare_row,
     prepare_vectors,
     run,
@@ -40,7 +39,9 @@ from gmmlsh.index.search import (
 )
 from gmmlsh.index.served import QuerySample, SharedSample
 from gmmlsh.index.store.base import ConfigConflict, RecordBatch, Store
+from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis
 from gmmlsh.index.upkeep import Upkeep
+from gmmlsh.results import QueryResult, StoredVector
 
 log = logging.getLogger("gmmlsh.index")
 
@@ -69,11 +70,6 @@ class UnknownIdError(KeyError):
         return f"id: no vector with id {self.ext_id!r}"
 
 
-def is_redis(location) -> bool:
-    """Whether a location names a Redis server rather than an LMDB directory."""
-    return str(location).startswith(("redis://", "rediss://", "unix://"))
-
-
 def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Where the search mirror of an index lives on this machine: inside an LMDB index's
     directory; for a Redis one, under ``cache_dir``, named by its URL, prefix and uid."""
@@ -84,7 +80,7 @@ def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | N
     return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}"
 
 
-def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
+def open_store(location, *, prefix: str = DEFAULT_PREFIX, **options) -> Store:
     """A directory → LMDB; a ``redis://`` / ``rediss://`` / ``unix://`` URL → Redis."""
     if is_redis(location):
         from gmmlsh.index.store.redis import RedisStore
@@ -130,7 +126,7 @@ class Index:
         return self.columns.indexed
 
     @classmethod
-    def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh", create: bool = True,
+    def open(cls, location, config: IndexConfig | None = None, *, prefix: str = DEFAULT_PREFIX, create: bool = True,
              cache_dir: str | os.PathLike | None = None, search: dict | None = None, maintain: bool = True,
              **store_options) -> Index:
         """Open (or create, given a ``config``) the index at a directory or Redis URL.
@@ -230,7 +226,7 @@ class Index:
         return params.with_overrides(**given) if any(v is not None for v in given.values()) else params
 
     # --- queries -------------------------------------------------------------------------------
-    def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "auto",
+    def query(self, vector=None, *, id: str | None = None, k: int = DEFAULT_K, mode: str = "auto",
               min_similarity: float = 0.0, candidates: int | None = None, probes: int | None = None,
               filter: dict | Filter | None = None) -> QueryResult:
         """Nearest neighbours of a vector (dense, ``(indices, values)`` or a 1-row CSR) or of a
@@ -266,7 +262,7 @@ class Index:
 
         return self._current(on)
 
-    def query_batch(self, X, *, k: int = 10, mode: str = "auto", min_similarity: float = 0.0,
+    def query_batch(self, X, *, k: int = DEFAULT_K, mode: str = "auto", min_similarity: float = 0.0,
                     candidates: int | None = None, probes: int | None = None,
                     filter: dict | Filter | None = None) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""

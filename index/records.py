@@ -15,7 +15,6 @@ given in; nothing on any path densifies a sparse row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -39,19 +38,10 @@ from gmmlsh.core.validate import (
 )
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.store.base import MAX_ID_BYTES, RecordBatch
+from gmmlsh.results import StoredVector
 
 DENSE, SPARSE_GIVEN_SPARSE, SPARSE_GIVEN_DENSE = 0, 1, 2
 _HEAD = np.dtype([("norm", "<f8"), ("count", "<i4"), ("kind", "<i4")])
-
-
-@dataclass
-class StoredVector:
-    """A vector read back: dense ``values`` (``indices`` None) or sparse ``indices`` + ``values``."""
-
-    id: str
-    values: np.ndarray
-    indices: np.ndarray | None
-    metadata: dict | None
 
 
 def check_id(ext_id, field: str = "id") -> str:

@@ -21,6 +21,7 @@ from gmmlsh.service.cli.common import (
     open_options,
     opt,
     positive_int,
+    where,
     whole_number,
 )
 
@@ -182,9 +183,10 @@ def run(args) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         queries = _tune_queries(args, config.dim)  # checked before anything is created
-        if args.collection != "default":
+        collection = where(args).collection
+        if collection != "default":
             with collections_of(args) as cols:
-                cols.create(args.collection, config, args.indexed_fields or [])
+                cols.create(collection, config, args.indexed_fields or [])
             index = open_index(args, maintain=False)
         else:
             index = Index.open(loc, config, create=True, maintain=False, **open_options(args))

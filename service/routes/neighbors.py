@@ -33,7 +33,7 @@ from starlette.responses import Response
 from gmmlsh.core.validate import DimensionError, NonFiniteError, VectorError, ZeroVectorError
 from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
-from gmmlsh.index.search import QueryResult
+from gmmlsh.results import QueryResult
 from gmmlsh.service.deps import held_index
 from gmmlsh.service.errors import ApiError, responses
 from gmmlsh.service.lane import Job

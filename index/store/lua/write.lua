@@ -1,16 +1,9 @@
 -- Upsert records of one id shard, atomically: retire each id's old version, allocate
 -- a fresh iid, write the record's fields and point the id at it.
 -- KEYS: ids, seq, live, dead, ndead (all of the shard, one hash tag)
--- ARGV: S, s, chunk_big, chunk_small, key prefix of the shard, then 5 per record:
+-- ARGV: the five of shard.lua, then 5 per record:
 --       name, vector, sketch, nrff ('' = none), meta ('' = none)
 -- Returns the iids given, in order.
-local S, s, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local FAMILIES = {'n', 'v', 'k', 'f', 'm'}
-local function loc(seq, fam)
-  local c = CB
-  if fam == 'n' or fam == 'm' then c = CS end
-  return TAG .. fam .. ':' .. math.floor(seq / c), tostring(seq % c)
-end
 local m = (#ARGV - 5) / 5
 local first = tonumber(redis.call('GET', KEYS[2]) or '0')
 if (first + m) * S > 4294967296 then
@@ -30,12 +23,7 @@ for j = 0, m - 1 do
   local name = ARGV[a]
   local old = redis.call('HGET', KEYS[1], name)
   if old then
-    local oseq = math.floor(tonumber(old) / S)
-    for _, fam in ipairs(FAMILIES) do
-      local k, f = loc(oseq, fam)
-      redis.call('HDEL', k, f)
-    end
-    redis.call('RPUSH', KEYS[4], old)
+    retire(old)
     retired = retired + 1
   else
     added = added + 1
