@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
+import scipy.sparse as sp
 
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import tuner
@@ -28,7 +30,7 @@ from gmmlsh.index.config import DEFAULT_K, MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIM
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
-from gmmlsh.index.records import SparseRow, as_given, as_stored, check_id, prepare, query_rows
+from gmmlsh.index.records import SparseRow, as_given, as_stored, check_id, decode_rows, prepare, query_rows
 from gmmlsh.index.search import (
     MODE_ALIASES,
     MODES,
@@ -199,6 +201,24 @@ class Index:
             if rec["vector"][0] is not None:
                 return as_given(ext_id, rec["vector"][0], self.config.dim, rec["meta"][0])
         raise UnknownIdError(ext_id)
+
+    def stored_rows(self, ids: Sequence[str]) -> tuple[np.ndarray | sp.csr_matrix, list[dict | None]] | None:
+        """The stored vectors of ``ids`` at stored precision (a dense float32 array when all are
+        stored dense, else CSR) and their metadata, in order; None when any id is not stored. A
+        bulk load compares them with its input to skip what an earlier run stored."""
+        iids = np.asarray(self.store.lookup(ids), dtype=np.int64)
+        if (iids < 0).any():
+            return None
+        rec = self.store.read(iids, ["vector", "meta"])
+        if any(b is None for b in rec["vector"]):  # replaced between the two reads
+            return None
+        return (decode_rows(rec["vector"], self.config.dim)[0],
+                [orjson.loads(m) if m else None for m in rec["meta"]])
+
+    @property
+    def mirror_path(self) -> Path:
+        """The directory of this machine's search mirror of the index (derived data)."""
+        return self.mirror.dir
 
     def view(self) -> View:
         """The mirror, brought up to the store's current state first."""
@@ -408,7 +428,7 @@ class Index:
         """Full integrity check (see :mod:`gmmlsh.index.check`); returns a report with ``.ok``."""
         from gmmlsh.index.check import check_index
 
-        return check_index(self)
+        return check_index(self.store, self.config, self.view)
 
     def snapshot(self, dest) -> Path:
         """A consistent hot copy of an LMDB index in a new directory (its mirror is rebuilt on first use)."""

@@ -196,7 +196,7 @@ def run(args) -> int:
         summary = build(index, reader, progress=args.progress, resume=not args.overwrite,
                         on_invalid="skip" if args.skip_invalid else "error", log=log, tune_queries=queries)
         search = index.stats()["search"]
-    mirror = index.mirror.dir
+    mirror = index.mirror_path
     del index  # its mappings of the mirror's files, so that they can be read again in 2 MiB pages
     gc.collect()
     refold_tree(mirror)
