@@ -303,9 +303,9 @@ def _prepare(X, center, check: bool = True):
     Xc = np.ascontiguousarray(X - c)
     row, problem = first_bad_row(Xc)
     if problem == 1:
-        raise NonFiniteError(f"vectors[{row}]", "values must be finite")
+        raise NonFiniteError("vectors", "values must be finite", row=row, part="values")
     if problem == 2:
-        raise ZeroVectorError(f"vectors[{row}]", "equals the center: nothing to sample")
+        raise ZeroVectorError("vectors", "equals the center: nothing to sample", row=row, part="values")
     return "dense", Xc
 
 

@@ -30,7 +30,16 @@ from gmmlsh.index.config import DEFAULT_K, MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIM
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
-from gmmlsh.index.records import SparseRow, as_given, as_stored, check_id, decode_rows, prepare, query_rows
+from gmmlsh.index.records import (
+    SparseRow,
+    as_given,
+    as_stored,
+    check_id,
+    decode_rows,
+    prepare,
+    prepare_rows,
+    query_rows,
+)
 from gmmlsh.index.search import (
     MODE_ALIASES,
     MODES,
@@ -165,6 +174,12 @@ class Index:
         """Validate and hash rows into records (touches no store); see :meth:`write`."""
         return prepare(self.config, ids, X, metadata)
 
+    def prepare_rows(self, ids: Sequence[str], rows: Sequence, metadata: Sequence[dict | None] | None = None
+                     ) -> RecordBatch:
+        """:meth:`prepare` for rows each dense (numbers) or sparse (an ``(indices, values)`` pair),
+        each stored in the shape it came in (:func:`~gmmlsh.index.records.prepare_rows`)."""
+        return prepare_rows(self.config, ids, rows, metadata)
+
     def write(self, batch: RecordBatch) -> int:
         """Store a batch made by this index's :meth:`prepare` (all or nothing); returns its rows.
 
@@ -180,7 +195,7 @@ class Index:
 
     def delete(self, ids: Sequence[str]) -> int:
         """Remove these ids everywhere; returns how many existed."""
-        ids = [check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+        ids = [check_id(i, "ids", n) for n, i in enumerate(ids)]
         return self.store.delete(ids) if ids else 0
 
     # --- reads -------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import re
 import signal
 import sys
 import threading
@@ -158,14 +157,12 @@ def _take(chunk: Chunk, keep: np.ndarray) -> tuple[list[str], object, list | Non
     return ids, X, meta
 
 
-def _located(chunk: Chunk, ids: list[str], exc: VectorError) -> Exception:
-    """A refused row reported at its place in the input file."""
-    m = re.match(r"^[a-z_]+\[(\d+)\]", exc.field or "")
-    if m is None:
+def _located(chunk: Chunk, kept: np.ndarray | None, exc: VectorError) -> Exception:
+    """A refused row reported at its place in the input file (``kept``: the chunk's rows the
+    index was given, when invalid rows were left out)."""
+    if exc.row is None:
         return InputFormatError(chunk.source, str(exc))
-    i = int(m.group(1))
-    pos = chunk.ids.index(ids[i]) if i < len(ids) else i
-    return chunk.error(pos, exc.reason)
+    return chunk.error(int(kept[exc.row]) if kept is not None else exc.row, exc.reason)
 
 
 @dataclass
@@ -181,15 +178,17 @@ def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
     store write. Runs on a hashing worker for the chunks after the one being written."""
     ids, X, meta = chunk.ids, chunk.X, chunk.metadata
     bad = invalid_rows(X)
+    kept = None
     if bad:
         if on_invalid == "error":
             i, problem = bad[0]
             raise chunk.error(i, problem)
-        ids, X, meta = _take(chunk, np.setdiff1d(np.arange(len(chunk)), [i for i, _ in bad]))
+        kept = np.setdiff1d(np.arange(len(chunk)), [i for i, _ in bad])
+        ids, X, meta = _take(chunk, kept)
     try:
         return _Staged(bad, index.prepare(ids, X, meta))
     except VectorError as exc:
-        raise _located(chunk, ids, exc) from None
+        raise _located(chunk, kept, exc) from None
 
 
 # --- resume -------------------------------------------------------------------------
