@@ -159,7 +159,11 @@ def check_sparse(indices, values, dim: int | None, field: str = "vector", row: i
     if idx.ndim != 1 or val.ndim != 1:
         raise bad(SparseIndexError, "indices and values must be flat lists")
     if idx.size and not np.issubdtype(idx.dtype, np.integer):
-        if not np.all(np.isfinite(idx.astype(np.float64))) or np.any(idx != np.round(idx)):
+        try:
+            as_float = idx.astype(np.float64)
+        except (TypeError, ValueError):  # text, objects
+            raise bad(SparseIndexError, "indices must be integers") from None
+        if not np.all(np.isfinite(as_float)) or np.any(as_float != np.round(as_float)):
             raise bad(SparseIndexError, "indices must be integers")
     idx = idx.astype(np.int64, copy=False)
     if idx.shape[0] != val.shape[0]:
