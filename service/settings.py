@@ -25,7 +25,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, DEFAULT_K, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
 from gmmlsh.index.index import DEFAULT_CACHE_DIR
-from gmmlsh.index.store import location
+from gmmlsh.index.store.location import DEFAULT_PREFIX, scrub
+from gmmlsh.index.store.location import describe as describe_location
 from gmmlsh.index.store.registry import DEFAULT_COLLECTION, check_name
 
 MiB = 1024 * 1024
@@ -71,7 +72,7 @@ class Where(EnvSettings):
 
     index: str | None = Field(None, description="LMDB directory (when no redis_url)")
     redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
-    prefix: str = Field(location.DEFAULT_PREFIX, description="key prefix naming the index inside Redis")
+    prefix: str = Field(DEFAULT_PREFIX, description="key prefix naming the index inside Redis")
     collection: str = Field(DEFAULT_COLLECTION, description="the collection the routes without "
                             f"/collections/{{name}} use ({DEFAULT_COLLECTION!r}: the index itself)")
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
@@ -90,11 +91,11 @@ class Where(EnvSettings):
     @property
     def safe_location(self) -> str:
         """:attr:`location` fit for logs and messages: a Redis password is masked."""
-        return location.describe(str(self.location), self.prefix)
+        return describe_location(str(self.location), self.prefix)
 
     def scrub(self, text: str) -> str:
         """``text`` with the Redis password (as given, and URL-decoded) replaced by ``***``."""
-        return location.scrub(text, self.redis_url)
+        return scrub(text, self.redis_url)
 
 
 def _creation_settings() -> type[BaseSettings]:

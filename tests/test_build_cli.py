@@ -230,10 +230,38 @@ def test_environment_supplies_defaults(tmp_path, monkeypatch, capsys):
     info = json.loads(out)
     assert (info["count"], info["config"]["samples"], info["config"]["bits"]) == (40, 32, 4)
     assert info["config"]["seed"] == IndexConfig.__dataclass_fields__["seed"].default  # unset: IndexConfig's
+    monkeypatch.setenv("GMMLSH_JSON", "yes")
+    code, out, _ = cli(capsys, "build", tmp_path / "x.npy", "--no-progress")
+    assert code == 0 and json.loads(out)["skipped"] == 40
+    monkeypatch.setenv("GMMLSH_JSON", "")  # empty: unset, as the server's settings read it
+    code, out, _ = cli(capsys, "build", tmp_path / "x.npy", "--no-progress")
+    assert code == 0 and not out.startswith("{")
     monkeypatch.setenv("GMMLSH_CHUNK_ROWS", "-3")
     with pytest.raises(SystemExit) as ei:
         main(["build", str(tmp_path / "x.npy")])
     assert ei.value.code == 2
+
+
+def test_the_environment_is_read_as_the_server_reads_it(tmp_path, monkeypatch, capsys):
+    """One reader of GMMLSH_*: a flag that is no boolean, or a collection name the server would
+    refuse, is a usage error naming it; an option given beats the environment, and an explicit
+    --index beats GMMLSH_REDIS_URL."""
+    X = np.random.default_rng(1).random((20, 4)) + 0.1
+    np.save(tmp_path / "x.npy", X)
+    assert cli(capsys, "build", tmp_path / "x.npy", "--index", tmp_path / "i", *SMALL, "--no-progress")[0] == 0
+    monkeypatch.setenv("GMMLSH_JSON", "perhaps")
+    with pytest.raises(SystemExit) as ei:
+        main(["info", "--index", str(tmp_path / "i")])
+    assert ei.value.code == 2 and "GMMLSH_JSON" in capsys.readouterr().err
+    monkeypatch.delenv("GMMLSH_JSON")
+    monkeypatch.setenv("GMMLSH_REDIS_URL", "redis://127.0.0.1:1/0")  # no server there: never asked
+    code, out, err = cli(capsys, "info", "--index", tmp_path / "i", "--json")
+    assert code == 0 and json.loads(out)["count"] == 20, err
+    monkeypatch.setenv("GMMLSH_COLLECTION", "no/such name")
+    code, _, err = cli(capsys, "info", "--index", tmp_path / "i")
+    assert code == 2 and "collection" in err
+    code, out, err = cli(capsys, "info", "--index", tmp_path / "i", "--collection", "default", "--json")
+    assert code == 0 and json.loads(out)["count"] == 20, err
 
 
 def test_check_and_bench_hooks(tmp_path, capsys):

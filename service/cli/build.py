@@ -7,6 +7,7 @@ import json
 import sys
 from typing import get_type_hints
 
+from gmmlsh.index.store.location import describe
 from gmmlsh.service.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -14,7 +15,6 @@ from gmmlsh.service.cli.common import (
     UsageError,
     add_store,
     collections_of,
-    describe_location,
     describe_search,
     location,
     open_index,
@@ -166,7 +166,7 @@ def run(args) -> int:
             diffs.append(f"dim {args.dim} (index has {cfg.dim})")
         if diffs:
             index.close()
-            raise UsageError(f"the index at {describe_location(kind, loc, prefix)} exists with other parameters: "
+            raise UsageError(f"the index at {describe(loc, prefix)} exists with other parameters: "
                              f"{'; '.join(diffs)}. Leave them out to add to it, or build into a new location")
         try:
             queries = _tune_queries(args, cfg.dim)
@@ -201,7 +201,7 @@ def run(args) -> int:
     gc.collect()
     refold_tree(mirror)
     if args.json:
-        print(json.dumps({"index": describe_location(kind, loc, prefix), **summary.to_dict(), "search": search}))
+        print(json.dumps({"index": describe(loc, prefix), **summary.to_dict(), "search": search}))
     else:
         print(summary.describe())
         if not summary.interrupted:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from pydantic import ValidationError
+
 from gmmlsh.index.store.location import DEFAULT_PREFIX, describe
-from gmmlsh.service.settings import ENV_PREFIX
+from gmmlsh.service.settings import ENV_PREFIX, Where, from_env
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 ENV = ENV_PREFIX
@@ -41,10 +43,6 @@ def env_defaults(parsers: list[argparse.ArgumentParser]) -> None:
     settings read it (:func:`gmmlsh.service.settings.from_env`). A flag's value is a boolean
     (anything else: a usage error, exit 2); any other is text that argparse converts with the
     option's ``type``, so a bad environment value is reported like a bad command-line value."""
-    from pydantic import ValidationError
-
-    from gmmlsh.service.settings import from_env
-
     marked = [a for p in parsers for a in p._actions if getattr(a, "from_env", False)]
     types = {a.dest: bool if isinstance(a.const, bool) and a.nargs == 0 else str for a in marked}
     try:
@@ -101,13 +99,9 @@ def add_store(p: argparse.ArgumentParser) -> None:
                    f"(default {DEFAULT_CACHE_DIR}; env {ENV}CACHE_DIR)")
 
 
-def where(args):
+def where(args: argparse.Namespace) -> Where:
     """The :class:`~gmmlsh.service.settings.Where` the arguments name: the options given, the
     ``GMMLSH_*`` environment for the rest (an explicit ``--index`` also beats ``GMMLSH_REDIS_URL``)."""
-    from pydantic import ValidationError
-
-    from gmmlsh.service.settings import Where
-
     if args.index and args.redis_url:
         raise UsageError("give either --index DIR or --redis URL, not both")
     given = {k: v for k in ("index", "redis_url", "prefix", "collection", "cache_dir")
@@ -124,7 +118,7 @@ def where(args):
     return w
 
 
-def settings_error(exc) -> str:
+def settings_error(exc: ValidationError) -> str:
     """A pydantic ValidationError of the settings in one line: ``settings: <field>: <problem>``."""
     first = exc.errors()[0]
     field = ".".join(map(str, first["loc"]))
@@ -134,14 +128,10 @@ def settings_error(exc) -> str:
     return f"settings: {field}: {message}"
 
 
-def location(args) -> tuple[str, str, str]:
+def location(args: argparse.Namespace) -> tuple[str, str, str]:
     """(kind, location, prefix) of :func:`where`."""
     w = where(args)
     return ("redis" if w.redis_url else "lmdb"), w.location, w.prefix
-
-
-def describe_location(kind: str, loc: str, prefix: str) -> str:
-    return describe(loc, prefix)
 
 
 def open_options(args) -> dict:
@@ -165,7 +155,7 @@ def open_index(args, *, must_exist: bool = True, **kw):
     except FileNotFoundError:
         if not must_exist:
             return None
-        raise UsageError(f"no index at {describe_location(kind, loc, prefix)}; create one with "
+        raise UsageError(f"no index at {describe(loc, prefix)}; create one with "
                          "'gmmlsh build INPUT --index DIR' (or --redis URL)") from None
 
 
@@ -187,7 +177,7 @@ def _open_collection(args, name: str, must_exist: bool, **kw):
             if not must_exist:
                 return None
             kind, loc, prefix = location(args)
-            raise UsageError(f"no collection {name!r} at {describe_location(kind, loc, prefix)}; create one with "
+            raise UsageError(f"no collection {name!r} at {describe(loc, prefix)}; create one with "
                              f"'gmmlsh build INPUT --collection {name}' (or POST /collections)") from None
 
 
