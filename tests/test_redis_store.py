@@ -99,8 +99,7 @@ def assert_consistent(store: RedisStore) -> dict[str, int]:
 WRITER = """
 import sys, numpy as np
 from store_contract import make_batch
-from gmmlsh.index.store.location import scrub
-from gmmlsh.index.store.redis import _CHUNK_BIG, _CHUNK_SMALL, _FAMILY, RedisStore
+from gmmlsh.index.store.redis import RedisStore
 url, prefix, tag, lo, hi, step, seed = sys.argv[1:8]
 lo, hi, step = int(lo), int(hi), int(step)
 st = RedisStore(url, prefix=prefix)
@@ -234,8 +233,7 @@ def test_two_processes_share_one_index(redis_url, redis_prefix, rng):  # noqa: F
     st.write(make_batch(["mine"], rng)[0])
     res = run_py("""
         import sys
-        from gmmlsh.index.store.location import scrub
-from gmmlsh.index.store.redis import _CHUNK_BIG, _CHUNK_SMALL, _FAMILY, RedisStore
+        from gmmlsh.index.store.redis import RedisStore
         st = RedisStore(sys.argv[1], prefix=sys.argv[2])
         print(st.count(), st.read(st.lookup(["mine"]), ["vector"])["vector"][0][:4])
     """, redis_url, redis_prefix)
