@@ -49,16 +49,15 @@ if TYPE_CHECKING:
     from gmmlsh.core.nrff import features as nrff_features
     from gmmlsh.index.config import IndexConfig
     from gmmlsh.index.index import Index, UnknownIdError
-    from gmmlsh.index.records import StoredVector
-    from gmmlsh.index.search import Neighbor, QueryResult
+    from gmmlsh.results import Neighbor, QueryResult, StoredVector
 
 # name → (module, attribute)
 _EXPORTS: dict[str, tuple[str, str]] = {
     "Index": ("gmmlsh.index.index", "Index"),
     "IndexConfig": ("gmmlsh.index.config", "IndexConfig"),
-    "Neighbor": ("gmmlsh.index.search", "Neighbor"),
-    "QueryResult": ("gmmlsh.index.search", "QueryResult"),
-    "StoredVector": ("gmmlsh.index.records", "StoredVector"),
+    "Neighbor": ("gmmlsh.results", "Neighbor"),
+    "QueryResult": ("gmmlsh.results", "QueryResult"),
+    "StoredVector": ("gmmlsh.results", "StoredVector"),
     "UnknownIdError": ("gmmlsh.index.index", "UnknownIdError"),
     "sketch": ("gmmlsh.core.gcws", "sketch"),
     "bbit_codes": ("gmmlsh.core.codes", "bbit_codes"),
@@ -70,13 +69,27 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 __all__ = [
-    "Index", "IndexConfig", "Neighbor", "QueryResult", "StoredVector", "UnknownIdError",
+    "__version__", "Index", "IndexConfig", "Neighbor", "QueryResult", "StoredVector", "UnknownIdError",
     "sketch", "bbit_codes", "gmm", "gmm_many", "nrff_features",
     "Client", "ApiError",
 ]
 
 
+def _version() -> str:
+    """The installed distribution's version (the one in pyproject.toml), or "unknown" when the
+    package runs from a tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gmmlsh")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     try:
         module, attr = _EXPORTS[name]
     except KeyError:

@@ -16,9 +16,9 @@ are exactly the server's. Every refusal of the server is raised as :class:`ApiEr
 the API's ``status``, ``code``, ``field`` and ``message``; a request that gets no HTTP answer
 at all (connection refused, DNS, timeout) raises :class:`NoResponseError`.
 
-The result types mirror :class:`gmmlsh.Neighbor`, :class:`gmmlsh.QueryResult` and
-:class:`gmmlsh.StoredVector` (same names, same fields) but are defined here, so that a client
-never loads the index and its kernels.
+The result types :class:`Neighbor`, :class:`QueryResult` and :class:`StoredVector` are the
+index's own (:mod:`gmmlsh.results`, which needs numpy alone), so an answer has one shape in
+process and over HTTP.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import httpx
 import numpy as np
 import orjson
 import scipy.sparse as sp
+
+from gmmlsh.results import Neighbor, QueryResult, StoredVector
 
 __all__ = [
     "Client", "ApiError", "NoResponseError", "Neighbor", "QueryResult", "StoredVector",
@@ -118,47 +120,6 @@ class NoResponseError(ConnectionError):
 
 
 # --- results --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Neighbor:
-    """One hit: its id, its exact similarity to the query under the answer's mode, its metadata."""
-
-    id: str
-    similarity: float
-    metadata: dict | None = None
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    """An answer: the search that produced it (``mode``: ``sketch``, ``postings``, ``exact`` or
-    ``nrff``), the ``k`` asked for, how many vectors it scored exactly (``candidates``) and the
-    neighbours, best first."""
-
-    mode: str
-    k: int
-    candidates: int
-    neighbors: tuple[Neighbor, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class StoredVector:
-    """A vector read back, in the shape it was sent in: dense ``values`` (``indices`` None) or
-    sparse ``indices`` (int64) + ``values``; values are float32, the precision the index stores.
-    (Not comparable with ``==``: compare the arrays, e.g. with ``np.array_equal``.)"""
-
-    id: str
-    values: np.ndarray
-    indices: np.ndarray | None
-    metadata: dict | None
-
-    def toarray(self, dim: int) -> np.ndarray:
-        """The vector as a dense float32 array of ``dim`` values (``dim``: the index's, see :meth:`Client.stats`)."""
-        if self.indices is None:
-            return self.values.copy()
-        out = np.zeros(dim, dtype=np.float32)
-        out[self.indices] = self.values
-        return out
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,7 @@ def run_http(args, shape: Shape, opened: dict, rows: int, workdir: Path, log) ->
     from gmmlsh.index.index import Index
 
     with Index.open(**opened, maintain=False) as ix:  # where the server's workers keep the mirror
-        mirror_dir = ix.mirror.dir
+        mirror_dir = ix.mirror_path
     proc, url = serve(opened["location"], workers=2, env={"GMMLSH_LOG_LEVEL": "info"},
                       prefix=opened.get("prefix"), cache_dir=opened.get("cache_dir"), log=subprocess.PIPE)
     watch = HttpWatch(url, proc.stderr, mirror_dir)

@@ -120,7 +120,7 @@ def run_size(n: int, nq: int, workdir: Path, cli: bool = False) -> dict:
     retuned = ix.maintain().get("tuned")
     numba.set_num_threads(1)
     ix.warm()
-    wide = Index(ix.store, ix.config, ix.mirror.dir, search=WIDE_SEARCH, maintain=False)  # same store and mirror
+    wide = Index(ix.store, ix.config, ix.mirror_path, search=WIDE_SEARCH, maintain=False)  # same store and mirror
     _timed(ix, Q[:20])
     _timed(ix, Q[:20], mode="exact")
     _timed(wide, Q[:20], **WIDE_QUERY)

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis
+
 DATA = Path(os.environ.get("GMMLSH_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -88,9 +90,9 @@ def gmm_distance(x, y):
 
 def store_args(location: Path | str, prefix: str | None = None, cache_dir: Path | str | None = None) -> list[str]:
     """The command-line options naming an index: ``--index DIR``, or ``--redis URL --prefix P [--cache-dir D]``."""
-    if not str(location).startswith(("redis://", "rediss://", "unix://")):
+    if not is_redis(location):
         return ["--index", str(location)]
-    return ["--redis", str(location), "--prefix", prefix or "gmmlsh",
+    return ["--redis", str(location), "--prefix", prefix or DEFAULT_PREFIX,
             *(["--cache-dir", str(cache_dir)] if cache_dir else [])]
 
 

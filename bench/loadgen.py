@@ -7,9 +7,9 @@ each of ``connections`` connections sends one, reads the whole answer, sends the
 requests taken in turn from a shared cursor), for ``seconds``. It prints (or writes to ``--out``) one JSON object:
 answers, seconds, non-2xx answers, and the latencies (seconds, sorted).
 
-Why not httpx in threads (what measured the service before): its client spends ~0.3 ms of
-CPU on a request, as much as the server's own work, on the same two cores; this one speaks
-raw HTTP/1.1 over asyncio protocols (uvloop when installed) and spends a few microseconds.
+Why not httpx in threads (what measured the service before): its client spends as much CPU
+on a request as the server's own work, on the same two cores (docs/tuning.md); this one
+speaks raw HTTP/1.1 over asyncio protocols (uvloop when installed).
 Answers are framed by ``Content-Length`` (what the server always sends).
 """
 

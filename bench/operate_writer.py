@@ -37,6 +37,7 @@ import scipy.sparse as sp
 
 from bench.operate_proc import ready, wait_until
 from bench.zoo import SHAPES
+from gmmlsh.index.store.location import DEFAULT_PREFIX
 
 #: How long a write is retried before the writer gives up.
 RETRY_SECONDS = 60.0
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--index", help="LMDB index directory (Python API)")
     g.add_argument("--redis", help="Redis URL (Python API)")
     g.add_argument("--url", help="base URL of a gmmlsh server (REST API)")
-    p.add_argument("--prefix", default="gmmlsh")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX)
     p.add_argument("--cache-dir")
     p.add_argument("--http-delete", choices=("each", "batch"), default="each")
     p.add_argument("--result", type=Path, required=True)

@@ -66,7 +66,7 @@ class InProcessWatch:
 
     def __init__(self, ix):
         self.ix = ix
-        self.upkeep = UpkeepLog(ix.mirror.dir)
+        self.upkeep = UpkeepLog(ix.mirror_path)
         #: the mirror's syncs: kind "sync", thread, start, end, detail
         self.syncs: list[dict] = []
         self.logs: list[tuple[float, str, str]] = []

@@ -5,17 +5,16 @@ an index of gigabytes: at 784 float32 dimensions each is 49 cache lines fetched 
 memory, and those fetches, not the arithmetic, are the cost. A coarse row holds each value
 as a level of ``scale = max|v| / 127`` in one byte (a quarter of the lines), with its norm
 beside it, so the candidates are ranked by a GMM a few thousandths from the exact one and
-only the best few are scored on the float32 rows (Fashion-MNIST at 1M: ranking 200
-candidates this way and scoring the best 15 exactly found the same top 10 as scoring all
-200 exactly, in a fifth of the time). Every similarity an answer reports is exact.
+only the best few are scored on the float32 rows: the same top 10 for far fewer fetches
+(docs/tuning.md, "Coarse rows"). Every similarity an answer reports is exact.
 
 A coarse row is ``[scale (float32), norm (float32), count (int32), levels (int8) …]``
 padded to whole words, at byte ``coff[r]`` of a data column (read as int8 levels and as
 the 32-bit words of the headers). Only a dense row has levels, one per coordinate; a sparse
 row's coarse row is its header alone (count 0), and it is scored exactly instead: its few
 values cost no more to read in float32, and an int8 level of the largest count is too
-coarse for text, whose neighbours stand a few hundredths apart (Brown passages: ranking
-by coarse GMM lost 3 % of the true top 10).
+coarse for text, whose neighbours stand a few hundredths apart (it lost true neighbours:
+docs/tuning.md).
 """
 
 from __future__ import annotations
@@ -81,8 +80,8 @@ def coarse_gmm(q32, qn, coff, levels, head, counts, r):
     """GMM of the query (dense float32 buffer ``q32``, L1 norm ``qn``) with the coarse copy of
     mirror row ``r`` (``levels``/``head``/``counts``: the coarse data as int8, float32 and
     int32): within a few thousandths of the exact value, from a quarter of the bytes; −1 for
-    a sparse row (no levels: score it exactly). In float32 (measured: 2.5× faster than
-    float64 cold, the prefetched lines arriving in time)."""
+    a sparse row (no levels: score it exactly). In float32, faster than float64 on rows
+    coming from memory (docs/tuning.md)."""
     at = coff[r]
     w = at // 4
     count = counts[w + 2]

@@ -55,8 +55,7 @@ TABLE_BUDGET_BYTES = 64 << 20
 #: A dense row takes the sorted walk when nonzeros² ≥ this · (coordinates in the
 #: lists it walks: D per sign present): the walk's length grows as the row gets
 #: sparser (its lists hold the zeros too), the reference kernel's with the
-#: nonzeros. Measured on Fashion-MNIST (k = 256, one sign, D = 784): the two meet
-#: between 200 and 250 nonzeros.
+#: nonzeros; the value is where the two cost the same on images (docs/tuning.md).
 _WALK_MIN = 48
 
 
@@ -97,9 +96,8 @@ def _sample_vector(v, p0, p1, rows, coords, logs, table, k, state, out_i, out_t,
     (reported as i*). Ties keep the first (smallest) coordinate. Coordinate-major:
     each nonzero updates up to ``state.shape[0]`` blocks of samples from one
     contiguous run of the table, which the hardware prefetches well, while the
-    running minima stay in L1 (``state[g]``: see :mod:`core.lane_step`). (Walking
-    one block for a chunk of vectors instead keeps less in cache but measured
-    15–20 % slower on one core.)
+    running minima stay in L1 (``state[g]``: see :mod:`core.lane_step`). (One block for
+    a chunk of vectors at a time was slower: docs/tuning.md.)
     """
     nblk = table.shape[1]
     group = state.shape[0]
@@ -305,9 +303,9 @@ def _prepare(X, center, check: bool = True):
     Xc = np.ascontiguousarray(X - c)
     row, problem = first_bad_row(Xc)
     if problem == 1:
-        raise NonFiniteError(f"vectors[{row}]", "values must be finite")
+        raise NonFiniteError("vectors", "values must be finite", row=row, part="values")
     if problem == 2:
-        raise ZeroVectorError(f"vectors[{row}]", "equals the center: nothing to sample")
+        raise ZeroVectorError("vectors", "equals the center: nothing to sample", row=row, part="values")
     return "dense", Xc
 
 

@@ -97,7 +97,7 @@ _AHEAD = 4
 def _prefetch_ahead(X, rows, t):
     """Prefetch the row ``_AHEAD`` places on — unless the rows run consecutively there
     (a full scan), where the hardware prefetcher already streams and this would only
-    cost instructions (measured: half the exact scan's speed)."""
+    cost instructions (docs/tuning.md)."""
     if t + _AHEAD < rows.shape[0]:
         r = rows[t + _AHEAD]
         if r != rows[t] + _AHEAD:

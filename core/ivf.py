@@ -7,19 +7,14 @@ agreement on *first-stage rows*: the first 64 bytes of a sketch's bit planes
 (:mod:`gmmlsh.core.codes`) — with 512 samples or more, the lowest bit of the codes of the
 first 512; with fewer, the next planes too (256 samples: two bits of each) — compared bit
 by bit. One bit of 512 samples ranks better than two bits of 256 in the same bytes (as the
-b-bit minwise hashing papers find for high similarities): on Fashion-MNIST at 1M, 500 rows
-chosen this way out of ~20,000 held 96.9 % of a query's true top 10, against 95.4 % for
-2-bit codes of 256 samples (97.7 % against 96.8 % at 750). Centroids are *modes*: per
-bit, the value most common among a list's members — the k-means of categorical codes (k-modes).
-Measured on Fashion-MNIST grown to 1M vectors, lists of ~500 rows found by
-three k-modes rounds on a sample put 96 % of a query's true top 10 among the 2 %
-of rows in its 32 best lists, where an LSH forest of 32 trees needed 3 % of the
-index for 92 % (docs/architecture.md).
+b-bit minwise hashing papers find for high similarities). Centroids are *modes*: per
+bit, the value most common among a list's members — the k-means of categorical codes
+(k-modes). A few rounds on a sample put nearly all of a query's true top 10 in a few
+percent of the rows (docs/tuning.md, "First-stage rows and inverted lists").
 
 A query chooses its lists by their *profiles*: the 2-bit modes of the members over every
 sample (not only the first 256 the assignment uses): on the same lists, the lists holding
-a query's true top 10 then rank higher (Fashion-MNIST at 1M: 98.6 % of them among the best
-32 lists, against 98.1 %; 97.8 % among 24 against 96.8 %). Profiles are stored transposed,
+a query's true top 10 then rank higher. Profiles are stored transposed,
 ``(2 · words, lists)``, so that scoring every list is one vectorised pass.
 
 A list's first-stage rows are stored word by word (:func:`list_layout`): list ``c``'s
@@ -54,8 +49,8 @@ def first_rows(planes: np.ndarray, words: int, bits: int) -> np.ndarray:
 def first_agreement(a, b):
     """Bits (of 512) on which two first-stage rows agree.
 
-    Written out for the fixed layout: with the width as a runtime value the loop ran 6×
-    slower (nothing unrolled, every index range-checked).
+    Written out for the fixed layout: with the width as a runtime value nothing is unrolled
+    and every index is range-checked (docs/tuning.md).
     """
     return (popcount(~(a[0] ^ b[0])) + popcount(~(a[1] ^ b[1])) + popcount(~(a[2] ^ b[2]))
             + popcount(~(a[3] ^ b[3])) + popcount(~(a[4] ^ b[4])) + popcount(~(a[5] ^ b[5]))
@@ -209,8 +204,8 @@ def _modes(F, labels, nlist):
 def kmodes(F: np.ndarray, nlist: int, *, rounds: int = 3, seed: int = 0) -> np.ndarray:
     """``nlist`` centroids for first-stage rows ``F``: ``rounds`` of k-modes from random rows.
 
-    A random start, not k-means++'s spread one: on Fashion-MNIST grown to 1M the spread
-    start made lists so uneven that a query scanned 45 % more rows for the same recall.
+    A random start, not k-means++'s spread one: the spread start made lists so uneven that a
+    query scanned more rows for the same recall (docs/tuning.md).
     A list left empty by a round keeps its previous centroid.
     """
     nlist = max(1, min(nlist, F.shape[0]))

@@ -37,7 +37,7 @@ def twin_kernels(impl: Callable, **options) -> tuple[Callable, Callable]:
     keys entries by signature only, not by ``parallel``: two ``njit`` wrappers of
     one function share a cache file, and the serial one can load the parallel
     machine code. A query then starts an OpenMP region whose threads spin after
-    it (measured: twice the CPU per query, and 40 % more wall time). Each twin is
+    it, costing CPU and time (docs/tuning.md). Each twin is
     therefore a copy of ``impl`` under its own name.
     """
 

@@ -21,8 +21,8 @@ A head column stores each row's value as a level (``scale`` × level, one scale 
 columns: 1 for counts up to 255, which are then exact): a byte a row, or, where all but a few of the
 column's levels fit in 4 bits (every word of short passages but the commonest, the few
 others saturating at 15), half a byte — two rows a byte. The pass over the head columns
-streams their bytes from memory, and that is its cost: on 200,000 passages a query's 45
-head columns take 0.18 ms where one byte a row took 0.31. The levels only rank; every
+streams their bytes from memory, and that is its cost, so half a byte a row reads faster than
+a byte (docs/tuning.md, "The postings search"). The levels only rank; every
 answer is an exact GMM. Head columns are kept where every value they would hold is
 non-negative (counts, frequencies, histograms: what bag-of-words is); elsewhere the
 postings search reads postings only.
@@ -41,19 +41,18 @@ from gmmlsh.core.select import GROUP, choose
 
 #: A coordinate held by at least this share of the sparse rows gets a head column (half a byte
 #: a row, read in sequence, against 8 bytes a posting and a random update). Fewer columns,
-#: each read whole, against more candidates reranked: on Brown passages grown to 200,000
-#: rows, 1/8 reached recall@10 0.973 in 0.35 ms a query where 1/16 took 0.41 ms (1/4 lost
-#: recall: 0.94 at its best).
+#: each read whole, against more candidates reranked: 1/8 is the fastest share that holds
+#: the recall on text (docs/tuning.md).
 HEAD_SHARE = 1 / 8
-#: Most head columns a generation keeps (the commonest coordinates). A row's head sum is at
+#: Most head columns a fit keeps (the commonest coordinates). A row's head sum is at
 #: most HEAD_MAX × BYTE_LEVELS = 65,280 levels: it is kept in uint16.
 HEAD_MAX = 256
 #: Highest level of a head column of bytes, and of one packed two rows a byte.
 BYTE_LEVELS = 255
 NIBBLE_LEVELS = 15
 #: A head column is packed where at most this share of its values pass NIBBLE_LEVELS (they
-#: saturate there). Word counts of 200-word passages: only "the", "of", "and" and "to" pass 15
-#: more often; a column of bytes for every word that ever does took a third of the pass.
+#: saturate there): in word counts only the few commonest words pass 15 more often, and a
+#: column of bytes for every word that ever does would slow the pass (docs/tuning.md).
 SATURATED_SHARE = 1 / 256
 #: Levels of partial similarity the candidates are ranked on (a counting selection, no sort).
 _LEVELS = 4096

@@ -4,7 +4,7 @@ Both searches end their cheap first pass with many scored entries (a sketch sear
 thousands of rows by first-stage agreement; the postings search: every row by a partial
 similarity level) of which they keep a few hundred. Scores are small integers, so a
 histogram finds the cut. Over many entries even that costs more than the scoring itself
-(measured: choosing 1,000 of 20,000 took 3× the vectorised scoring), so :func:`choose`
+(docs/tuning.md), so :func:`choose`
 estimates the cut from a sample of the scores, gathers the entries at or above it 16 at a
 time (:func:`gather_above`: one test per group), and chooses exactly among those.
 Ties go to the earliest entry everywhere, so the result is that of a stable sort.

@@ -13,14 +13,39 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+#: The parts of a vector (and of a row of a batch) an error can be in, as the API names them.
+PARTS = ("values", "indices", "id", "metadata")
+
 
 class VectorError(ValueError):
-    """A vector that gmmlsh cannot hash or compare. ``field`` names the culprit."""
+    """A vector that gmmlsh cannot hash or compare, or another argument it refuses.
 
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
+    ``field`` names the culprit (``vectors[3]``, ``vectors[3].indices``, ``ids[3]``, ``k``);
+    the error also carries it in parts, so that a caller names it as its own input does
+    without parsing the text: ``name`` (the argument: ``vectors``, ``ids``, ``metadata``,
+    ``vector``, ``k``, ...), ``row`` (the row of a batch, None for a single vector or the whole
+    argument) and ``part`` (one of :data:`PARTS`: which part of the vector or row; None when
+    the problem is not in one).
+    """
+
+    def __init__(self, name: str, reason: str, *, row: int | None = None, part: str | None = None):
+        if part is not None and part not in PARTS:
+            raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
+        self.name, self.reason, self.row, self.part = name, reason, row, part
+        self.field = name if row is None else f"{name}[{row}]" + (".indices" if part == "indices" else "")
+        super().__init__(f"{self.field}: {reason}")
+
+    def at(self, row: int | None, name: str | None = None) -> VectorError:
+        """The same error at another row (and argument name): a part of a batch checked alone,
+        named by its place in the whole."""
+        return type(self)(name or self.name, self.reason, row=row, part=self.part)
+
+    def __reduce__(self):  # picklable (the keyword arguments are not in ``args``)
+        return _rebuild, (type(self), self.name, self.reason, self.row, self.part)
+
+
+def _rebuild(cls: type[VectorError], name: str, reason: str, row: int | None, part: str | None) -> VectorError:
+    return cls(name, reason, row=row, part=part)
 
 
 class DimensionError(VectorError):
@@ -44,18 +69,19 @@ def check_dense(values, dim: int | None = None, field: str = "values") -> np.nda
     try:
         v = np.ascontiguousarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise VectorError(field, f"not a list of numbers ({exc})") from None
+        raise VectorError(field, f"not a list of numbers ({exc})", part="values") from None
     if v.ndim != 1:
-        raise DimensionError(field, f"expected a 1-D vector, got shape {v.shape}")
+        raise DimensionError(field, f"expected a 1-D vector, got shape {v.shape}", part="values")
     if dim is not None and v.shape[0] != dim:
-        raise DimensionError(field, f"expected {dim} values, got {v.shape[0]}")
+        raise DimensionError(field, f"expected {dim} values, got {v.shape[0]}", part="values")
     if v.shape[0] == 0:
-        raise DimensionError(field, "empty vector")
+        raise DimensionError(field, "empty vector", part="values")
     if not np.isfinite(v).all():
         bad = int(np.flatnonzero(~np.isfinite(v))[0])
-        raise NonFiniteError(field, f"value at position {bad} is {float(v[bad])}; values must be finite")
+        raise NonFiniteError(field, f"value at position {bad} is {float(v[bad])}; values must be finite",
+                             part="values")
     if not v.any():
-        raise ZeroVectorError(field, "all-zero vector: GMM is undefined (0/0) for it")
+        raise ZeroVectorError(field, "all-zero vector: GMM is undefined (0/0) for it", part="values")
     return v
 
 
@@ -76,8 +102,8 @@ def dense_float32_or_none(values, dim: int) -> np.ndarray | None:
     """A valid dense query as float32 (its stored precision) in one compiled pass, or None.
 
     The fast path for the common query (a 1-D float32/float64 array of the right
-    length): :func:`check_dense` and the batch checks cost ~25 µs of small numpy
-    calls, a fifth of a default query's Python time. None means "not clearly
+    length): :func:`check_dense` and the batch checks are many small numpy calls, a
+    large share of a query's Python time (docs/tuning.md). None means "not clearly
     valid": the caller runs the full checks, which name the problem.
     """
     if not (isinstance(values, np.ndarray) and values.ndim == 1 and values.shape[0] == dim
@@ -107,8 +133,9 @@ def sparse_float32_or_none(indices, values, dim: int) -> tuple[np.ndarray, np.nd
     """A valid sparse query as (int32 indices, float32 values) in one compiled pass, or None.
 
     The fast path of the common sparse query (integer indices, sorted, no stored zeros):
-    validating it through scipy costs ~40 µs, a quarter of a text query's Python time. None
-    means "not clearly valid": the caller runs the full checks, which name the problem."""
+    validating it through scipy is a large share of a text query's Python time
+    (docs/tuning.md). None means "not clearly valid": the caller runs the full checks, which
+    name the problem."""
     if not (isinstance(indices, np.ndarray) and isinstance(values, np.ndarray) and indices.ndim == values.ndim == 1
             and indices.shape == values.shape and indices.dtype.kind in "iu" and values.dtype.kind == "f"):
         return None
@@ -116,36 +143,46 @@ def sparse_float32_or_none(indices, values, dim: int) -> tuple[np.ndarray, np.nd
     return (out_idx, out_val) if _sparse_to_float32(indices, values, dim, out_idx, out_val) else None
 
 
-def check_sparse(indices, values, dim: int | None, field: str = "indices") -> tuple[np.ndarray, np.ndarray]:
-    """Validate one sparse vector; returns (int64 indices, float64 values)."""
+def check_sparse(indices, values, dim: int | None, field: str = "vector", row: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Validate one sparse vector (row ``row`` of a batch ``field``, or the vector ``field``);
+    returns (int64 indices, float64 values). An error's ``part`` says which list is at fault."""
+
+    def bad(kind: type[VectorError], reason: str, part: str = "indices") -> VectorError:
+        return kind(field, reason, row=row, part=part)
+
     try:
         idx = np.asarray(indices)
         val = np.ascontiguousarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise VectorError(field, f"not a list of numbers ({exc})") from None
+        raise bad(VectorError, f"not a list of numbers ({exc})") from None
     if idx.ndim != 1 or val.ndim != 1:
-        raise SparseIndexError(field, "indices and values must be flat lists")
+        raise bad(SparseIndexError, "indices and values must be flat lists")
     if idx.size and not np.issubdtype(idx.dtype, np.integer):
-        if not np.all(np.isfinite(idx.astype(np.float64))) or np.any(idx != np.round(idx)):
-            raise SparseIndexError(field, "indices must be integers")
+        try:
+            as_float = idx.astype(np.float64)
+        except (TypeError, ValueError):  # text, objects
+            raise bad(SparseIndexError, "indices must be integers") from None
+        if not np.all(np.isfinite(as_float)) or np.any(as_float != np.round(as_float)):
+            raise bad(SparseIndexError, "indices must be integers")
     idx = idx.astype(np.int64, copy=False)
     if idx.shape[0] != val.shape[0]:
-        raise SparseIndexError(field, f"{idx.shape[0]} indices but {val.shape[0]} values; they must pair up")
+        raise bad(SparseIndexError, f"{idx.shape[0]} indices but {val.shape[0]} values; they must pair up")
     if idx.size and idx.min() < 0:
-        raise SparseIndexError(field, f"negative index {int(idx.min())}")
+        raise bad(SparseIndexError, f"negative index {int(idx.min())}")
     if dim is not None and idx.size and idx.max() >= dim:
-        raise DimensionError(field, f"index {int(idx.max())} out of range for dimension {dim}")
+        raise bad(DimensionError, f"index {int(idx.max())} out of range for dimension {dim}")
     if idx.size > 1:
         step = np.diff(idx)
         if (step == 0).any():
-            raise SparseIndexError(field, f"duplicate index {int(idx[1:][step == 0][0])}")
+            raise bad(SparseIndexError, f"duplicate index {int(idx[1:][step == 0][0])}")
         if (step < 0).any():
-            raise SparseIndexError(field, "indices must be sorted in increasing order")
+            raise bad(SparseIndexError, "indices must be sorted in increasing order")
     if not np.isfinite(val).all():
-        bad = int(np.flatnonzero(~np.isfinite(val))[0])
-        raise NonFiniteError("values", f"value at position {bad} is {float(val[bad])}; values must be finite")
+        p = int(np.flatnonzero(~np.isfinite(val))[0])
+        raise bad(NonFiniteError, f"value at position {p} is {float(val[p])}; values must be finite", "values")
     if not val.any():
-        raise ZeroVectorError("values", "all-zero vector: GMM is undefined (0/0) for it")
+        raise bad(ZeroVectorError, "all-zero vector: GMM is undefined (0/0) for it", "values")
     return idx, val
 
 
@@ -158,36 +195,36 @@ def check_batch(X, dim: int | None = None, field: str = "vectors"):
         # a copy: sorting and dropping stored zeros below must not touch the caller's arrays
         X = sp.csr_matrix(X, dtype=np.float64, copy=True)
         if dim is not None and X.shape[1] != dim:
-            raise DimensionError(field, f"expected {dim} columns, got {X.shape[1]}")
+            raise DimensionError(field, f"expected {dim} columns, got {X.shape[1]}", part="values")
         if not X.has_sorted_indices:
             X.sort_indices()
         if not np.isfinite(X.data).all():
             row = int(np.searchsorted(X.indptr, np.flatnonzero(~np.isfinite(X.data))[0], "right") - 1)
-            raise NonFiniteError(f"{field}[{row}]", "values must be finite")
+            raise NonFiniteError(field, "values must be finite", row=row, part="values")
         X.eliminate_zeros()
         empty = np.flatnonzero(np.diff(X.indptr) == 0)
         if empty.size:
-            raise ZeroVectorError(f"{field}[{int(empty[0])}]", "all-zero vector: GMM is undefined (0/0) for it")
+            raise ZeroVectorError(field, "all-zero vector: GMM is undefined (0/0) for it", row=int(empty[0]),
+                                  part="values")
         return X
     try:
         A = np.asarray(X, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise VectorError(field, f"not an array of numbers ({exc})") from None
+        raise VectorError(field, f"not an array of numbers ({exc})", part="values") from None
     if A.ndim == 1:
         A = A[None, :]
     if A.ndim != 2:
-        raise DimensionError(field, f"expected a 2-D batch, got shape {A.shape}")
+        raise DimensionError(field, f"expected a 2-D batch, got shape {A.shape}", part="values")
     if dim is not None and A.shape[1] != dim:
-        raise DimensionError(field, f"expected {dim} values per vector, got {A.shape[1]}")
+        raise DimensionError(field, f"expected {dim} values per vector, got {A.shape[1]}", part="values")
     finite = np.isfinite(A)
     if not finite.all():
         row = int(np.flatnonzero(~finite.all(axis=1))[0])
-        raise NonFiniteError(f"{field}[{row}]", "values must be finite")
+        raise NonFiniteError(field, "values must be finite", row=row, part="values")
     zero = ~A.any(axis=1)
     if zero.any():
-        raise ZeroVectorError(
-            f"{field}[{int(np.flatnonzero(zero)[0])}]", "all-zero vector: GMM is undefined (0/0) for it"
-        )
+        raise ZeroVectorError(field, "all-zero vector: GMM is undefined (0/0) for it",
+                              row=int(np.flatnonzero(zero)[0]), part="values")
     return np.ascontiguousarray(A)
 
 
@@ -223,7 +260,7 @@ def dense_batch(X, check: bool) -> np.ndarray:
             return check_batch(A)  # names the problem
         row, problem = first_bad_row(A)
         if problem == 1:
-            raise NonFiniteError(f"vectors[{row}]", "values must be finite")
+            raise NonFiniteError("vectors", "values must be finite", row=row, part="values")
         if problem == 2:
-            raise ZeroVectorError(f"vectors[{row}]", "all-zero vector: GMM is undefined (0/0) for it")
+            raise ZeroVectorError("vectors", "all-zero vector: GMM is undefined (0/0) for it", row=row, part="values")
     return A

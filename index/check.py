@@ -18,6 +18,7 @@ transactions or round trips, so a write landing between them can look like a pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,8 +27,10 @@ import orjson
 from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, pack_codes, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows, list_layout
+from gmmlsh.index.config import IndexConfig
+from gmmlsh.index.mirror import View
 from gmmlsh.index.records import as_hashed, codes_of, decode_rows, decode_vector, stored_payloads
-from gmmlsh.index.store.base import FIELDS
+from gmmlsh.index.store.base import FIELDS, Store
 
 #: Stop listing problems of one kind after this many examples.
 MAX_EXAMPLES = 10
@@ -66,19 +69,22 @@ class CheckReport:
                 "mirror_behind": self.mirror_behind, "problems": self.problems}
 
 
-def check_index(index, batch_size: int = 4096, mirror: bool = True) -> CheckReport:
-    """Scan ``index`` (a :class:`gmmlsh.index.index.Index`) and report every inconsistency found."""
+def check_index(store: Store, cfg: IndexConfig, view: Callable[[], View] | None,
+                batch_size: int = 4096) -> CheckReport:
+    """Scan an index's ``store`` (of configuration ``cfg``) and then, when ``view`` is given, its
+    search mirror as ``view()`` gives it after the scan — as it stands: the check writes nothing,
+    and counts the vectors written since the mirror's state as ``mirror_behind``
+    (:meth:`gmmlsh.index.index.Index.check` hands them over); report every inconsistency found."""
     rep = CheckReport()
-    live = _check_records(index, rep, batch_size)
-    _check_id_map(index, rep, live, batch_size)
-    if mirror:
-        _check_mirror(index, rep, live)
+    live = _check_records(store, cfg, rep, batch_size)
+    _check_id_map(store, rep, live, batch_size)
+    if view is not None:
+        _check_mirror(store, cfg, view(), rep, live)
     return rep
 
 
-def _check_records(index, rep: CheckReport, batch_size: int) -> dict[int, str]:
+def _check_records(store: Store, cfg: IndexConfig, rep: CheckReport, batch_size: int) -> dict[int, str]:
     """Every stored record; returns iid → name of the whole ones."""
-    store, cfg = index.store, index.config
     live: dict[int, str] = {}
     for iids, rec in store.scan(FIELDS, batch_size):
         whole = []
@@ -128,9 +134,9 @@ def _check_records(index, rep: CheckReport, batch_size: int) -> dict[int, str]:
     return live
 
 
-def _check_id_map(index, rep: CheckReport, live: dict[int, str], batch_size: int) -> None:
+def _check_id_map(store: Store, rep: CheckReport, live: dict[int, str], batch_size: int) -> None:
     seen: dict[int, str] = {}
-    for names, iids in index.store.scan_ids(batch_size):
+    for names, iids in store.scan_ids(batch_size):
         rep.ids += len(names)
         for name, iid in zip(names, iids.tolist(), strict=True):
             if iid not in live:
@@ -144,12 +150,10 @@ def _check_id_map(index, rep: CheckReport, live: dict[int, str], batch_size: int
         rep.add("count differs from the id map", f"{rep.vectors} records, {rep.ids} ids")
 
 
-def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
-    cfg = index.config
-    view = index.mirror.refresh()  # as it stands: the check writes nothing
+def _check_mirror(store: Store, cfg: IndexConfig, view: View, rep: CheckReport, live: dict[int, str]) -> None:
     added, retired = set(), set()  # since the state the mirror follows
-    if view.token is None or tuple(view.token) != tuple(index.store.token()):
-        since = index.store.changes(view.token)
+    if view.token is None or tuple(view.token) != tuple(store.token()):
+        since = store.changes(view.token)
         added, retired = set(since.added.tolist()), set(since.retired.tolist())
     rep.mirror_rows = view.rows
     alive_rows = np.flatnonzero(view.alive)
@@ -170,7 +174,7 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
     both = [(iid, r) for iid, r in where.items() if iid in live]
     for lo in range(0, len(both), 4096):
         part = both[lo:lo + 4096]
-        rec = index.store.read(np.array([i for i, _ in part], dtype=np.int64), ["name", "vector", "sketch", "meta"])
+        rec = store.read(np.array([i for i, _ in part], dtype=np.int64), ["name", "vector", "sketch", "meta"])
         sk = np.frombuffer(b"".join(rec["sketch"]), np.uint8).reshape(len(part), -1)
         planes = bit_planes(unpack_codes(sk, cfg.samples, cfg.bits), cfg.bits)
         norms, payloads = stored_payloads(rec["vector"], cfg)
@@ -197,7 +201,7 @@ def _check_mirror(index, rep: CheckReport, live: dict[int, str]) -> None:
     _check_segments(view, rep)
 
 
-def _check_segments(view, rep: CheckReport) -> None:
+def _check_segments(view: View, rep: CheckReport) -> None:
     """The segments tile the listed rows, list every live one of them once, in range, and copy
     their rows' sketches; their postings name rows of their own."""
     if view.fit is None:

@@ -14,6 +14,7 @@ import shutil
 
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index, mirror_dir
+from gmmlsh.index.store.location import DEFAULT_PREFIX
 from gmmlsh.index.store.registry import (
     DEFAULT_COLLECTION,
     CollectionExists,
@@ -57,7 +58,7 @@ class Collections:
     options go to each store (e.g. LMDB's ``max_readers``).
     """
 
-    def __init__(self, location: str | os.PathLike, *, prefix: str = "gmmlsh",
+    def __init__(self, location: str | os.PathLike, *, prefix: str = DEFAULT_PREFIX,
                  cache_dir: str | os.PathLike | None = None, **store_options):
         self.location, self.prefix, self.cache_dir = str(location), prefix, cache_dir
         self.store_options = store_options

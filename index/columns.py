@@ -17,9 +17,9 @@ pages nearly every row costs a TLB miss. Linux maps a file's pages 2 MiB at a ti
 for it (``MADV_HUGEPAGE``): ext4 and xfs on recent kernels make such folios when a write
 covers an aligned 2 MiB range whole, or when a mapping with the advice reads the file from
 disk. So appends are written in pieces cut at 2 MiB boundaries, and a file written once
-(a generation's) is dropped from the page cache and read back through such a mapping
-(:func:`refold`). Measured at a million vectors: every file mapped in 2 MiB pages made a
-query 8 % faster (the GMM stages 20 %). Where the kernel cannot, nothing changes.
+(a segment's arenas, a bulk load's columns) is dropped from the page cache and read back
+through such a mapping (:func:`refold`), which speeds up queries (docs/tuning.md, "Memory
+mappings"). Where the kernel cannot, nothing changes.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def huge_pages(mm: np.memmap) -> np.ndarray:
 
     Queries read a few hundred random rows of columns of gigabytes: with 4 KiB pages
     nearly every row is a TLB miss. Where the kernel keeps a file's page cache in
-    2 MiB folios (ext4 and xfs on recent Linux), the advice lets it map them whole:
-    measured at a million vectors, the rank and rerank passes ran 1.5× faster.
+    2 MiB folios (ext4 and xfs on recent Linux), the advice lets it map them whole, and the
+    rank and rerank passes run faster (docs/tuning.md).
     Elsewhere the advice is ignored.
     """
     _advise(mm, getattr(mmap, "MADV_HUGEPAGE", None))

@@ -19,10 +19,12 @@ from gmmlsh.core.rng import GENERATOR_VERSION
 FORMAT_VERSION = 2
 #: Largest ``k`` (neighbours) a query may ask for.
 MAX_K = 1000
+#: Neighbours a query returns when it does not say.
+DEFAULT_K = 10
 #: Largest rerank budget (rows reranked by GMM per query, see :class:`SearchParams`).
 MAX_CANDIDATES = 100_000
-#: Most bits per code the rank pass of a sketch search reads (the bit planes a generation keeps
-#: in list order; 4 bits ranked Fashion-MNIST as well as 8).
+#: Most bits per code the rank pass of a sketch search reads (the bit planes a segment keeps
+#: in list order; more ranked no better: docs/tuning.md).
 RANK_BITS_MAX = 4
 #: A filtered query whose condition leaves at most this many rows scores them all by exact GMM
 #: (the exact filtered answer); above it, the sketch search runs with its scan widened.
@@ -125,7 +127,7 @@ def creation_defaults() -> dict:
 
 @dataclass(frozen=True)
 class SearchParams:
-    """How the default (``lsh``) query searches: the knobs that trade recall for speed.
+    """How the default (``auto``) query searches: the knobs that trade recall for speed.
 
     ``probes``: inverted lists scanned (all: 0); ``shortlist``: rows ranked on every
     sample; ``rank_bits``: bits per code in that ranking (at most :data:`RANK_BITS_MAX`);

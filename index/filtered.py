@@ -38,7 +38,8 @@ from gmmlsh.index.config import (
     SearchParams,
 )
 from gmmlsh.index.filters import Filter, MetaColumns
-from gmmlsh.index.search import QueryResult, answer, found_by, restricted, run, run_sketch
+from gmmlsh.index.search import answer, found_by, restricted, run, run_sketch
+from gmmlsh.results import QueryResult
 
 
 def matching(view, flt: Filter, columns: MetaColumns) -> tuple[np.ndarray, np.ndarray]:

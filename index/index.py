@@ -23,19 +23,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
+import scipy.sparse as sp
 
 from gmmlsh import CACHE_DIR
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import monitor, tuner
-from gmmlsh.index.config import MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
+from gmmlsh.index.config import DEFAULT_K, MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
 from gmmlsh.index.mirror import Mirror, View
-from gmmlsh.index.records import SparseRow, StoredVector, as_given, as_stored, check_id, prepare, query_rows
+from gmmlsh.index.records import (
+    SparseRow,
+    as_given,
+    as_stored,
+    check_id,
+    decode_rows,
+    prepare,
+    prepare_rows,
+    query_rows,
+)
 from gmmlsh.index.search import (
     MODE_ALIASES,
     MODES,
-    QueryResult,
     answer,
     found_by,
     prepare_row,
@@ -44,7 +54,9 @@ from gmmlsh.index.search import (
 )
 from gmmlsh.index.served import QuerySample, SharedSample
 from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, Written
+from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis
 from gmmlsh.index.upkeep import Upkeep
+from gmmlsh.results import QueryResult, StoredVector
 
 log = logging.getLogger("gmmlsh.index")
 
@@ -77,11 +89,6 @@ class UnknownIdError(KeyError):
         return f"id: no vector with id {self.ext_id!r}"
 
 
-def is_redis(location) -> bool:
-    """Whether a location names a Redis server rather than an LMDB directory."""
-    return str(location).startswith(("redis://", "rediss://", "unix://"))
-
-
 def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None,
                group: tuple[int, int] | None = None) -> Path:
     """Where the search mirror of an index lives on this machine: inside an LMDB index's
@@ -95,7 +102,7 @@ def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | N
     return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}{suffix}"
 
 
-def open_store(location, *, prefix: str = "gmmlsh", **options) -> Store:
+def open_store(location, *, prefix: str = DEFAULT_PREFIX, **options) -> Store:
     """A directory → LMDB; a ``redis://`` / ``rediss://`` / ``unix://`` URL → Redis."""
     if is_redis(location):
         from gmmlsh.index.store.redis import RedisStore
@@ -145,7 +152,7 @@ class Index:
         return self.columns.indexed
 
     @classmethod
-    def open(cls, location, config: IndexConfig | None = None, *, prefix: str = "gmmlsh", create: bool = True,
+    def open(cls, location, config: IndexConfig | None = None, *, prefix: str = DEFAULT_PREFIX, create: bool = True,
              cache_dir: str | os.PathLike | None = None, search: dict | None = None, maintain: bool = True,
              monitor_budget: float = monitor.BUDGET, monitor_share: float | None = None,
              **store_options) -> Index:
@@ -195,6 +202,12 @@ class Index:
         """Validate and hash rows into records (touches no store); see :meth:`write`."""
         return prepare(self.config, ids, X, metadata)
 
+    def prepare_rows(self, ids: Sequence[str], rows: Sequence, metadata: Sequence[dict | None] | None = None
+                     ) -> RecordBatch:
+        """:meth:`prepare` for rows each dense (numbers) or sparse (an ``(indices, values)`` pair),
+        each stored in the shape it came in (:func:`~gmmlsh.index.records.prepare_rows`)."""
+        return prepare_rows(self.config, ids, rows, metadata)
+
     def write(self, batch: RecordBatch) -> Written:
         """Store a batch made by this index's :meth:`prepare` (all or nothing; Redis writes a
         batch over 4 MiB in parts, see :meth:`RedisStore.write`); returns how many ids it wrote (an
@@ -211,7 +224,7 @@ class Index:
 
     def delete(self, ids: Sequence[str]) -> int:
         """Remove these ids everywhere; returns how many existed."""
-        ids = [check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+        ids = [check_id(i, "ids", n) for n, i in enumerate(ids)]
         return self.store.delete(ids) if ids else 0
 
     # --- reads -------------------------------------------------------------------------------
@@ -232,6 +245,24 @@ class Index:
             if rec["vector"][0] is not None:
                 return as_given(ext_id, rec["vector"][0], self.config.dim, rec["meta"][0])
         raise UnknownIdError(ext_id)
+
+    def stored_rows(self, ids: Sequence[str]) -> tuple[np.ndarray | sp.csr_matrix, list[dict | None]] | None:
+        """The stored vectors of ``ids`` at stored precision (a dense float32 array when all are
+        stored dense, else CSR) and their metadata, in order; None when any id is not stored. A
+        bulk load compares them with its input to skip what an earlier run stored."""
+        iids = np.asarray(self.store.lookup(ids), dtype=np.int64)
+        if (iids < 0).any():
+            return None
+        rec = self.store.read(iids, ["vector", "meta"])
+        if any(b is None for b in rec["vector"]):  # replaced between the two reads
+            return None
+        return (decode_rows(rec["vector"], self.config.dim)[0],
+                [orjson.loads(m) if m else None for m in rec["meta"]])
+
+    @property
+    def mirror_path(self) -> Path:
+        """The directory of this machine's search mirror of the index (derived data)."""
+        return self.mirror.dir
 
     def view(self) -> View:
         """The mirror, brought up to the store's current state first (where it can take it:
@@ -285,7 +316,7 @@ class Index:
         return params.with_overrides(**given) if any(v is not None for v in given.values()) else params
 
     # --- queries -------------------------------------------------------------------------------
-    def query(self, vector=None, *, id: str | None = None, k: int = 10, mode: str = "auto",
+    def query(self, vector=None, *, id: str | None = None, k: int = DEFAULT_K, mode: str = "auto",
               min_similarity: float = 0.0, candidates: int | None = None, probes: int | None = None,
               filter: dict | Filter | None = None) -> QueryResult:
         """Nearest neighbours of a vector (dense, ``(indices, values)`` or a 1-row CSR) or of a
@@ -323,7 +354,7 @@ class Index:
 
         return self._current(on)
 
-    def query_batch(self, X, *, k: int = 10, mode: str = "auto", min_similarity: float = 0.0,
+    def query_batch(self, X, *, k: int = DEFAULT_K, mode: str = "auto", min_similarity: float = 0.0,
                     candidates: int | None = None, probes: int | None = None,
                     filter: dict | Filter | None = None) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""
@@ -504,7 +535,7 @@ class Index:
         """Full integrity check (see :mod:`gmmlsh.index.check`); returns a report with ``.ok``."""
         from gmmlsh.index.check import check_index
 
-        return check_index(self)
+        return check_index(self.store, self.config, self.mirror.refresh)
 
     def snapshot(self, dest) -> Path:
         """A consistent hot copy of an LMDB index in a new directory (its mirror is rebuilt on first use)."""

@@ -15,7 +15,6 @@ given in; nothing on any path densifies a sparse row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +26,7 @@ from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gmm import l1_norms
 from gmmlsh.core.nrff import features
 from gmmlsh.core.validate import (
+    DimensionError,
     NonFiniteError,
     VectorError,
     ZeroVectorError,
@@ -39,31 +39,23 @@ from gmmlsh.core.validate import (
 )
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.store.base import MAX_ID_BYTES, RecordBatch
+from gmmlsh.results import StoredVector
 
 DENSE, SPARSE_GIVEN_SPARSE, SPARSE_GIVEN_DENSE = 0, 1, 2
 _HEAD = np.dtype([("norm", "<f8"), ("count", "<i4"), ("kind", "<i4")])
 
 
-@dataclass
-class StoredVector:
-    """A vector read back: dense ``values`` (``indices`` None) or sparse ``indices`` + ``values``."""
-
-    id: str
-    values: np.ndarray
-    indices: np.ndarray | None
-    metadata: dict | None
-
-
-def check_id(ext_id, field: str = "id") -> str:
-    """An external id as stored: a string of 1 to :data:`MAX_ID_BYTES` bytes of UTF-8."""
+def check_id(ext_id, field: str = "id", row: int | None = None) -> str:
+    """An external id as stored: a string of 1 to :data:`MAX_ID_BYTES` bytes of UTF-8 (the id
+    ``field``, or row ``row`` of the ids ``field``)."""
     if not isinstance(ext_id, str):
-        raise VectorError(field, f"ids are strings, got {type(ext_id).__name__}")
+        raise VectorError(field, f"ids are strings, got {type(ext_id).__name__}", row=row, part="id")
     if not ext_id or len(ext_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-        raise VectorError(field, f"ids must be 1 to {MAX_ID_BYTES} bytes of UTF-8")
+        raise VectorError(field, f"ids must be 1 to {MAX_ID_BYTES} bytes of UTF-8", row=row, part="id")
     try:
         ext_id.encode("utf-8")
     except UnicodeEncodeError:
-        raise VectorError(field, "ids must be valid UTF-8 (no lone surrogates)") from None
+        raise VectorError(field, "ids must be valid UTF-8 (no lone surrogates)", row=row, part="id") from None
     return ext_id
 
 
@@ -93,10 +85,10 @@ def as_stored(X, dim: int, field: str = "vectors"):
     if not finite.all():
         pos = int(np.flatnonzero(~finite.ravel())[0])
         bad = np.searchsorted(X32.indptr, pos, "right") - 1 if sp.issparse(X32) else pos // dim
-        raise NonFiniteError(f"{field}[{int(bad)}]", "a value overflows float32, the stored precision")
+        raise NonFiniteError(field, "a value overflows float32, the stored precision", row=int(bad), part="values")
     if not rows_nonzero.all():
-        raise ZeroVectorError(f"{field}[{int(np.flatnonzero(~rows_nonzero)[0])}]",
-                              "all values underflow to 0 in float32, the stored precision")
+        raise ZeroVectorError(field, "all values underflow to 0 in float32, the stored precision",
+                              row=int(np.flatnonzero(~rows_nonzero)[0]), part="values")
     if sp.issparse(X32):
         X32.eliminate_zeros()
     return X32
@@ -140,7 +132,7 @@ def query_rows(vector, dim: int):
         X = sp.csr_matrix((val, idx, [0, idx.size]), shape=(1, dim))
     elif sp.issparse(vector):
         if vector.shape[0] != 1:
-            raise VectorError("vector", f"expected one row, got {vector.shape[0]}")
+            raise VectorError("vector", f"expected one row, got {vector.shape[0]}", part="values")
         X = vector
     else:
         X = check_dense(vector, dim, field="vector")[None, :]
@@ -155,7 +147,7 @@ def as_hashed(X32, config: IndexConfig):
     Xc = dense.astype(np.float64) - np.asarray(config.center, dtype=np.float64)
     empty = np.flatnonzero(~Xc.any(axis=1))
     if empty.size:
-        raise ZeroVectorError(f"vectors[{int(empty[0])}]", "equals the index centre: nothing to sample")
+        raise ZeroVectorError("vectors", "equals the index centre: nothing to sample", row=int(empty[0]), part="values")
     return Xc
 
 
@@ -177,11 +169,11 @@ def encode_meta(metadata: Sequence[dict | None] | None, n: int) -> list[bytes | 
     out = []
     for j, m in enumerate(metadata):
         if m is not None and not isinstance(m, dict):
-            raise VectorError(f"metadata[{j}]", "must be a JSON object or null")
+            raise VectorError("metadata", "must be a JSON object or null", row=j, part="metadata")
         try:
             out.append(orjson.dumps(m) if m is not None else None)
         except TypeError as exc:
-            raise VectorError(f"metadata[{j}]", f"not JSON-serialisable ({exc})") from None
+            raise VectorError("metadata", f"not JSON-serialisable ({exc})", row=j, part="metadata") from None
     return out if any(m is not None for m in out) else None
 
 
@@ -189,7 +181,7 @@ def prepare(config: IndexConfig, ids: Sequence[str], X, metadata: Sequence[dict 
             ) -> RecordBatch:
     """Validate and hash rows into records; touches no store. Raises :class:`VectorError`
     naming the first bad field (``ids[i]``, ``metadata[i]``, ``vectors[i]``)."""
-    ids = [check_id(i, f"ids[{n}]") for n, i in enumerate(ids)]
+    ids = [check_id(i, "ids", n) for n, i in enumerate(ids)]
     n = X.shape[0] if hasattr(X, "shape") and np.ndim(X) == 2 else len(X)
     if len(ids) != n:
         raise VectorError("ids", f"{len(ids)} ids for {n} vectors")
@@ -204,6 +196,74 @@ def prepare(config: IndexConfig, ids: Sequence[str], X, metadata: Sequence[dict 
         feats = features(Xh, config.nrff_k, config.gamma, config.seed).astype(np.float32)
     return RecordBatch(ids=ids, vectors=encode_vectors(X32, l1_norms(Xh)), sketches=pack_codes(codes, config.bits),
                        nrff=feats, meta=meta)
+
+
+def prepare_rows(config: IndexConfig, ids: Sequence[str], rows: Sequence, metadata: Sequence[dict | None] | None = None
+                 ) -> RecordBatch:
+    """:func:`prepare` for rows given one by one, each dense (a sequence of ``dim`` numbers) or
+    sparse (an ``(indices, values)`` pair), as a request mixes them: each row is stored, and
+    read back, in the shape it came in. Dense and sparse rows are prepared apart and merged in
+    the given order; an error names the row by its place among ``rows``."""
+    n = len(rows)
+    if len(ids) != n:
+        raise VectorError("ids", f"{len(ids)} ids for {n} vectors")
+    if metadata is not None and len(metadata) != n:
+        raise VectorError("metadata", f"{len(metadata)} entries for {n} vectors")
+    sparse = [isinstance(r, tuple) for r in rows]
+    parts = []
+    for shape, rows_of in ((False, _dense_rows), (True, _sparse_rows)):
+        at = [i for i in range(n) if sparse[i] == shape]
+        if not at:
+            continue
+        meta = [metadata[i] for i in at] if metadata is not None else None
+        try:
+            parts.append((at, prepare(config, [ids[i] for i in at], rows_of([rows[i] for i in at], config.dim),
+                                      meta if meta is not None and any(m is not None for m in meta) else None)))
+        except VectorError as exc:
+            raise exc.at(at[exc.row] if exc.row is not None else None) from None
+    return _merged(parts, n) if parts else prepare(config, [], np.zeros((0, config.dim)))
+
+
+def _dense_rows(rows: list, dim: int) -> np.ndarray:
+    """Dense rows as one matrix; a row of another length is named before numpy sees the ragged list."""
+    for i, r in enumerate(rows):
+        if len(r) != dim:
+            raise DimensionError("vectors", f"expected {dim} values, got {len(r)}", row=i, part="values")
+    return np.array(rows, dtype=np.float64).reshape(len(rows), dim)
+
+
+def _sparse_rows(rows: list[tuple], dim: int) -> sp.csr_matrix:
+    """Sparse rows as CSR. Their structure (sorted, distinct, in range, paired with values) is
+    checked here, row by row: a CSR matrix cannot say how the rows were given."""
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    cols, data = [], []
+    for i, (indices, values) in enumerate(rows):
+        idx, val = check_sparse(indices, values, dim, field="vectors", row=i)
+        cols.append(idx)
+        data.append(val)
+        indptr[i + 1] = indptr[i] + idx.size
+    return sp.csr_matrix((np.concatenate(data), np.concatenate(cols), indptr), shape=(len(rows), dim))
+
+
+def _merged(parts: list[tuple[list[int], RecordBatch]], n: int) -> RecordBatch:
+    """Prepared batches of some rows each, as one batch of ``n`` rows in the given order."""
+    if len(parts) == 1:
+        return parts[0][1]
+    first = parts[0][1]
+    ids: list[str] = [""] * n
+    blobs: list[bytes] = [b""] * n
+    sketches = np.empty((n, *first.sketches.shape[1:]), first.sketches.dtype)
+    nrff = np.empty((n, *first.nrff.shape[1:]), first.nrff.dtype) if first.nrff is not None else None
+    meta: list[bytes | None] | None = [None] * n if any(b.meta is not None for _, b in parts) else None
+    for at, b in parts:
+        for j, i in enumerate(at):
+            ids[i], blobs[i] = b.ids[j], b.vectors[j]
+            if meta is not None and b.meta is not None:
+                meta[i] = b.meta[j]
+        sketches[at] = b.sketches
+        if nrff is not None:
+            nrff[at] = b.nrff
+    return RecordBatch(ids=ids, vectors=blobs, sketches=sketches, nrff=nrff, meta=meta)
 
 
 # --- the vector codec ----------------------------------------------------------------------

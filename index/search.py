@@ -14,7 +14,7 @@ import contextlib
 import math
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -38,32 +38,15 @@ from gmmlsh.core.search import (
 )
 from gmmlsh.core.select import GROUP, top_k
 from gmmlsh.core.validate import VectorError
-from gmmlsh.index.config import DEFAULT_RARE, RANK_BITS_MAX, IndexConfig, SearchParams
+from gmmlsh.index.config import DEFAULT_K, DEFAULT_RARE, RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
 from gmmlsh.index.records import SparseRow, as_hashed, codes_of, mirror_row
+from gmmlsh.results import Neighbor, QueryResult
 
 #: Modes a query may ask for: ``auto`` lets the index choose (what its tuning found cheapest
 #: at its recall target); the others name a search. ``lsh`` is ``auto``'s former name.
 MODES = ("auto", "sketch", "postings", "exact", "nrff")
 MODE_ALIASES = {"lsh": "auto"}
-
-
-@dataclass
-class Neighbor:
-    id: str
-    similarity: float
-    metadata: dict | None = None
-
-
-@dataclass
-class QueryResult:
-    """An answer: the ``mode`` that produced it (the search that ran), how many vectors it
-    scored exactly (``candidates``), and the neighbours best first with their exact similarity."""
-
-    mode: str
-    k: int
-    candidates: int
-    neighbors: list[Neighbor] = field(default_factory=list)
 
 
 _NO_PLANES = np.zeros(0, np.uint64)
@@ -152,7 +135,7 @@ def refine_count(k: int) -> int:
     return k + max(k, 10)
 
 
-def budget(view: View, params: SearchParams, config: IndexConfig, k: int = 10, scored: bool = True) -> Budget:
+def budget(view: View, params: SearchParams, config: IndexConfig, k: int = DEFAULT_K, scored: bool = True) -> Budget:
     """The sketch search's knobs for the kernels (``scored`` False: candidates unscored)."""
     words = view.planes.shape[1] // config.bits
     return Budget(words, config.bits >= 2, params.probes if params.probes > 0 else 1 << 30, params.shortlist,
@@ -160,7 +143,7 @@ def budget(view: View, params: SearchParams, config: IndexConfig, k: int = 10, s
                   refine_count(k) if scored else 0)
 
 
-def run_sketch(view: View, queries: list[Prepared], params: SearchParams, config: IndexConfig, k: int = 10,
+def run_sketch(view: View, queries: list[Prepared], params: SearchParams, config: IndexConfig, k: int = DEFAULT_K,
                scored: bool = True) -> list[tuple[np.ndarray, np.ndarray, int]]:
     """(rows, exact similarities, candidates ranked by GMM) of each query: its candidates' best
     :func:`refine_count` by coarse GMM, scored exactly. With ``scored`` False, every candidate
@@ -354,7 +337,7 @@ def answer(view: View, mode: str, k: int, rows: np.ndarray, sims: np.ndarray, sc
     names, metas = view.names_and_metadata(chosen)
     out = [Neighbor(name, s, orjson.loads(m) if m else None)
            for name, s, m in zip(names, sims[best].tolist(), metas, strict=True)]
-    return QueryResult(mode=mode, k=k, candidates=scored, neighbors=out)
+    return QueryResult(mode=mode, k=k, candidates=scored, neighbors=tuple(out))
 
 
 def found_by(view: View, qs: list[Prepared], k: int, mode: str, params: SearchParams, config: IndexConfig

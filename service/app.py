@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
+import gmmlsh
 from gmmlsh.index.index import Index
 from gmmlsh.service.collections import CollectionManager
 from gmmlsh.service.deps import require_api_key
@@ -163,7 +164,7 @@ def create_app(settings: Settings | None = None) -> App:
 
     app = App(
         title="gmmlsh",
-        version=_version(),
+        version=gmmlsh.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
         default_response_class=ORJSONResponse,
@@ -219,12 +220,3 @@ def _add_body_schemas(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("gmmlsh")
-    except Exception:  # noqa: BLE001
-        return "0.0.0"

@@ -1,15 +1,15 @@
 """The hot routes, served straight from the ASGI entry point.
 
 A request's way through FastAPI — its middleware stack, the router's matching over every
-route, the dependency solver, the query-parameter models — cost ~0.25 ms of the event
-loop's time per request on this machine, more than a query at 60,000 vectors
-(bench/RESULTS.md, "HTTP"). The few routes a service answers most — neighbour queries and
-``/ping`` — are matched here by method and path (a dict look-up) and answered by their
-handlers with the checks the full stack would apply, each from its one source: the API key
-(:func:`check_api_key`), the body limits (:mod:`gmmlsh.service.limits`), the request
-metrics, and every error through the app's own exception handlers. Everything else, and any
-request carrying an ``Origin`` header while CORS is configured, goes through the full stack,
-where the same handlers are registered as documented FastAPI routes.
+route, the dependency solver, the query-parameter models — cost more of the event loop's
+time per request than a query of a small index (docs/tuning.md). The few routes a service
+answers most — neighbour queries and ``/ping`` — are matched here by method and path (a dict
+look-up) and answered by their handlers with the checks the full stack would apply, each
+from its one source: the API key (:func:`check_api_key`), the body limits
+(:mod:`gmmlsh.service.limits`), the request metrics, and every error through the app's own
+exception handlers. Everything else, and any request carrying an ``Origin`` header while
+CORS is configured, goes through the full stack, where the same handlers are registered as
+documented FastAPI routes.
 """
 
 from __future__ import annotations

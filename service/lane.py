@@ -31,7 +31,7 @@ import numpy as np
 
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.index import Index
-from gmmlsh.index.search import QueryResult
+from gmmlsh.results import QueryResult
 
 
 @dataclass(eq=False)

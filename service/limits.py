@@ -59,7 +59,7 @@ def limited_receive(receive: Receive, max_bytes: int, timeout: float | None) -> 
     :class:`BodyTimeout` if it is still incomplete ``timeout`` seconds from now.
 
     The deadline is asyncio's own (``asyncio.timeout_at``: one timer), not an anyio cancel
-    scope, which cost ~25 µs a request: the server runs on asyncio (uvloop) only."""
+    scope, which costs more a request (docs/tuning.md): the server runs on asyncio (uvloop) only."""
     seen = 0
     deadline = asyncio.get_running_loop().time() + timeout if timeout else None
     done = False

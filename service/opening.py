@@ -68,9 +68,8 @@ def _open_default(settings: Settings) -> Index:
         if not _is_missing(exc):
             raise
     if settings.dim is None:
-        where = f"Redis {settings.safe_location}" if settings.redis_url else f"directory {settings.index!r}"
         raise IndexNotFound(
-            f"no gmmlsh index in {where}: build one with `gmmlsh build`, or set GMMLSH_DIM "
+            f"no gmmlsh index at {settings.safe_location}: build one with `gmmlsh build`, or set GMMLSH_DIM "
             "(and optionally GMMLSH_SAMPLES, GMMLSH_BITS, ...) to create an empty one"
         )
     return Index.open(settings.location, settings.creation_config(), create=True, **opts)

@@ -6,11 +6,12 @@ bytes) so a 64 MiB batch never blocks the event loop; a 422 never echoes the inp
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
+
+from gmmlsh.core.validate import VectorError
 
 
 def parse_body(adapter: TypeAdapter, body: bytes) -> Any:
@@ -31,18 +32,9 @@ def located(exc: ValidationError, where: str) -> list[dict]:
     return errors
 
 
-_ROW_FIELD = re.compile(r"^(vectors|ids|metadata)\[(\d+)\](.*)$")
-_ATTR = {"vectors": "values", "ids": "id", "metadata": "metadata"}
-
-
-def request_field(field: str, batch: bool, rows: list[int] | None = None) -> str:
-    """An index field of a write (``vectors[3]``, ``ids[3]``, ``metadata[3]``, ``vectors[3].indices``)
-    as the request names it: ``vectors[3].values`` in a batch, ``values`` for a single vector.
-    ``rows``: the request position of each row the index was given (when given a part)."""
-    m = _ROW_FIELD.match(field)
-    if m is None:
-        return field
-    kind, row, rest = m.groups()
-    name = rest[1:] if kind == "vectors" and rest.startswith(".") else _ATTR[kind] + rest
-    pos = rows[int(row)] if rows is not None else int(row)
-    return f"vectors[{pos}].{name}" if batch else name
+def request_field(exc: VectorError, batch: bool) -> str:
+    """The field of an index error about a row of a write (its ``row`` and ``part``) as the
+    request names it: ``vectors[3].values`` in a batch, ``values`` for a single vector."""
+    if exc.row is None or exc.part is None:
+        return exc.field
+    return f"vectors[{exc.row}].{exc.part}" if batch else exc.part

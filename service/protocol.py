@@ -1,7 +1,7 @@
 """The HTTP/1.1 protocol the server speaks: uvicorn's httptools protocol, with a bounded head.
 
-httptools parses in C where h11 parses in Python: ~0.25 ms less server CPU per request on
-this machine (bench/RESULTS.md, "HTTP"). uvicorn bounds what h11 buffers
+httptools parses in C where h11 parses in Python: less server CPU per request
+(docs/tuning.md, "The HTTP server"). uvicorn bounds what h11 buffers
 (``h11_max_incomplete_event_size``, 16 KiB) but not what httptools hands its callbacks: an
 endless URL or header block would grow in memory. Here the request line and the headers
 together are capped at :data:`MAX_HEAD_BYTES`, h11's default, so the ~16 KiB request line the

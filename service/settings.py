@@ -18,19 +18,85 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated, get_type_hints
+from typing import Annotated, Any, get_type_hints
 
 from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gmmlsh.index.config import CREATION_FIELDS, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
+from gmmlsh.index.config import CREATION_FIELDS, DEFAULT_K, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
 from gmmlsh.index.index import DEFAULT_CACHE_DIR
 from gmmlsh.index.monitor import BUDGET
-from gmmlsh.index.store.registry import DEFAULT_COLLECTION, NAME_RE
+from gmmlsh.index.store.location import DEFAULT_PREFIX, scrub
+from gmmlsh.index.store.location import describe as describe_location
+from gmmlsh.index.store.registry import DEFAULT_COLLECTION, check_name
 
 MiB = 1024 * 1024
+#: What every setting's environment variable starts with.
+ENV_PREFIX = "GMMLSH_"
 #: Search parameters an operator may fix for every query (see SearchParams).
 SEARCH_FIELDS = ("candidates", "probes", "shortlist", "rank_bits", "rare")
+
+
+class EnvSettings(BaseSettings):
+    """How every ``GMMLSH_*`` variable is read, by the server and the command line alike: the
+    prefix, and an empty value meaning unset."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object, info: ValidationInfo) -> object:
+        """An empty value (``GMMLSH_SAMPLES=``, as compose files pass a variable left unset)
+        means unset, for every setting that may be unset (its default then applies)."""
+        if isinstance(v, str) and not v.strip() and cls.model_fields[info.field_name].default is None:
+            return None
+        return v
+
+
+def from_env(types: dict[str, type]) -> dict[str, Any]:
+    """The ``GMMLSH_<NAME>`` variables set for these names, read as :class:`EnvSettings` reads
+    (``types``: ``str`` for text an option converts itself, ``bool`` for a flag): the command
+    line's option defaults. A value that is no such type raises pydantic's ValidationError,
+    located at the variable's name."""
+    names = list(types)
+    fields = {f"o{i}": (types[n] | None, Field(None, validation_alias=ENV_PREFIX + n.upper()))
+              for i, n in enumerate(names)}
+    got = create_model("OptionEnv", __base__=EnvSettings, **fields)().model_dump()
+    return {n: got[f"o{i}"] for i, n in enumerate(names) if got[f"o{i}"] is not None}
+
+
+class Where(EnvSettings):
+    """Where the index lives — ``GMMLSH_INDEX``, ``GMMLSH_REDIS_URL``, ``GMMLSH_PREFIX``,
+    ``GMMLSH_COLLECTION``, ``GMMLSH_CACHE_DIR``: the server's :class:`Settings` extend it and
+    the command line fills it from its options (an option given wins over the environment;
+    Redis wins over a directory)."""
+
+    index: str | None = Field(None, description="LMDB directory (when no redis_url)")
+    redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
+    prefix: str = Field(DEFAULT_PREFIX, description="key prefix naming the index inside Redis")
+    collection: str = Field(DEFAULT_COLLECTION, description="the collection the routes without "
+                            f"/collections/{{name}} use ({DEFAULT_COLLECTION!r}: the index itself)")
+    cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
+                                  f"(default {DEFAULT_CACHE_DIR})")
+
+    @field_validator("collection")
+    @classmethod
+    def _collection_name(cls, v: str) -> str:
+        return v if v == DEFAULT_COLLECTION else check_name(v)
+
+    @property
+    def location(self) -> str | None:
+        """What :meth:`Index.open` gets: the Redis URL if any, else the LMDB directory."""
+        return self.redis_url or self.index
+
+    @property
+    def safe_location(self) -> str:
+        """:attr:`location` fit for logs and messages: a Redis password is masked."""
+        return describe_location(str(self.location), self.prefix)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the Redis password (as given, and URL-decoded) replaced by ``***``."""
+        return scrub(text, self.redis_url)
 
 
 def _creation_settings() -> type[BaseSettings]:
@@ -41,7 +107,7 @@ def _creation_settings() -> type[BaseSettings]:
     (see ``Settings._creation_valid``)."""
     hints = get_type_hints(IndexConfig)
     fields = {name: (hints[name] | None, Field(None, description=describe(name))) for name in CREATION_FIELDS}
-    return create_model("CreationSettings", __base__=BaseSettings, **fields)
+    return create_model("CreationSettings", __base__=Where, **fields)
 
 
 class Settings(_creation_settings()):
@@ -51,20 +117,10 @@ class Settings(_creation_settings()):
     generated base; unset, a new index takes IndexConfig's defaults.
     """
 
-    model_config = SettingsConfigDict(env_prefix="GMMLSH_", extra="ignore")
-
-    # --- where the index lives ---------------------------------------------------
+    # --- where the index lives (and the fields of Where) -----------------------------
     index: str = Field("./gmmlsh-index", description="LMDB directory (when no redis_url)")
-    redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
-    prefix: str = Field("gmmlsh", description="key prefix naming the index inside Redis")
     open_collections: int = Field(32, ge=1, description="named collections a worker keeps open (the one open "
                                   "longest is closed beyond it; each LMDB one maps 1 TiB of address space)")
-    collection: str = Field(DEFAULT_COLLECTION, pattern=NAME_RE.pattern,
-                            description="the collection the routes without /collections/{name} use "
-                            f"({DEFAULT_COLLECTION!r}: the index itself)")
-
-    cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
-                                  f"(default {DEFAULT_CACHE_DIR})")
 
     # --- sharded search (a search node behind `gmmlsh route`, and the router) ----------------
     group: str | None = Field(None, pattern=r"^\d+/\d+$", description="search node: serve group g of G of the "
@@ -109,7 +165,7 @@ class Settings(_creation_settings()):
     max_body_bytes: int = Field(64 * MiB, ge=1024, description="larger bodies get 413")
     max_batch: int = Field(10_000, ge=1, description="vectors or queries per request")
     max_k: int = Field(MAX_K, ge=1, le=MAX_K)
-    default_k: int = Field(10, ge=1, le=MAX_K)
+    default_k: int = Field(DEFAULT_K, ge=1, le=MAX_K)
     max_metadata_bytes: int = Field(
         64 * 1024, ge=2, description="largest metadata of one vector, as JSON (it comes back with every hit)"
     )
@@ -140,15 +196,6 @@ class Settings(_creation_settings()):
             if s.startswith("["):
                 return json.loads(s)
             return [o.strip() for o in s.split(",") if o.strip()]
-        return v
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _empty_is_none(cls, v: object, info: ValidationInfo) -> object:
-        """An empty value (``GMMLSH_SAMPLES=``, as compose files pass a variable left unset)
-        means unset, for every setting that may be unset (its default then applies)."""
-        if isinstance(v, str) and not v.strip() and cls.model_fields[info.field_name].default is None:
-            return None
         return v
 
     @model_validator(mode="after")
@@ -210,34 +257,6 @@ class Settings(_creation_settings()):
         return {f: getattr(self, f) for f in SEARCH_FIELDS if getattr(self, f) is not None}
 
     @property
-    def location(self) -> str:
-        """What :meth:`Index.open` gets: the Redis URL if any, else the LMDB directory."""
-        return self.redis_url or self.index
-
-    @property
-    def safe_location(self) -> str:
-        """:attr:`location` fit for logs and messages: a Redis password is masked."""
-        if not self.redis_url:
-            return self.index
-        from gmmlsh.index.store.redis import mask_url
-
-        return f"{mask_url(self.redis_url)} (prefix {self.prefix!r})"
-
-    def scrub(self, text: str) -> str:
-        """``text`` with the Redis password (as given, and URL-decoded) replaced by ``***``."""
-        if not self.redis_url:
-            return text
-        from urllib.parse import unquote, urlsplit
-
-        try:
-            pw = urlsplit(self.redis_url).password
-        except ValueError:
-            return text.replace(self.redis_url, "<redis url>")
-        for secret in sorted({pw, unquote(pw)} if pw else (), key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
-
-    @property
     def backend(self) -> str:
         return "redis" if self.redis_url else "lmdb"
 
@@ -263,5 +282,5 @@ class Settings(_creation_settings()):
                 value = value.get_secret_value()
             elif isinstance(value, list):
                 value = json.dumps(value)
-            env[f"GMMLSH_{name.upper()}"] = str(value)
+            env[f"{ENV_PREFIX}{name.upper()}"] = str(value)
         return env

@@ -280,10 +280,38 @@ def test_environment_supplies_defaults(tmp_path, monkeypatch, capsys):
     info = json.loads(out)
     assert (info["count"], info["config"]["samples"], info["config"]["bits"]) == (40, 32, 4)
     assert info["config"]["seed"] == IndexConfig.__dataclass_fields__["seed"].default  # unset: IndexConfig's
+    monkeypatch.setenv("GMMLSH_JSON", "yes")
+    code, out, _ = cli(capsys, "build", tmp_path / "x.npy", "--no-progress")
+    assert code == 0 and json.loads(out)["skipped"] == 40
+    monkeypatch.setenv("GMMLSH_JSON", "")  # empty: unset, as the server's settings read it
+    code, out, _ = cli(capsys, "build", tmp_path / "x.npy", "--no-progress")
+    assert code == 0 and not out.startswith("{")
     monkeypatch.setenv("GMMLSH_CHUNK_ROWS", "-3")
     with pytest.raises(SystemExit) as ei:
         main(["build", str(tmp_path / "x.npy")])
     assert ei.value.code == 2
+
+
+def test_the_environment_is_read_as_the_server_reads_it(tmp_path, monkeypatch, capsys):
+    """One reader of GMMLSH_*: a flag that is no boolean, or a collection name the server would
+    refuse, is a usage error naming it; an option given beats the environment, and an explicit
+    --index beats GMMLSH_REDIS_URL."""
+    X = np.random.default_rng(1).random((20, 4)) + 0.1
+    np.save(tmp_path / "x.npy", X)
+    assert cli(capsys, "build", tmp_path / "x.npy", "--index", tmp_path / "i", *SMALL, "--no-progress")[0] == 0
+    monkeypatch.setenv("GMMLSH_JSON", "perhaps")
+    with pytest.raises(SystemExit) as ei:
+        main(["info", "--index", str(tmp_path / "i")])
+    assert ei.value.code == 2 and "GMMLSH_JSON" in capsys.readouterr().err
+    monkeypatch.delenv("GMMLSH_JSON")
+    monkeypatch.setenv("GMMLSH_REDIS_URL", "redis://127.0.0.1:1/0")  # no server there: never asked
+    code, out, err = cli(capsys, "info", "--index", tmp_path / "i", "--json")
+    assert code == 0 and json.loads(out)["count"] == 20, err
+    monkeypatch.setenv("GMMLSH_COLLECTION", "no/such name")
+    code, _, err = cli(capsys, "info", "--index", tmp_path / "i")
+    assert code == 2 and "collection" in err
+    code, out, err = cli(capsys, "info", "--index", tmp_path / "i", "--collection", "default", "--json")
+    assert code == 0 and json.loads(out)["count"] == 20, err
 
 
 def test_check_and_bench_hooks(tmp_path, capsys):
@@ -563,11 +591,11 @@ def test_interrupted_build_then_rerun_equals_uninterrupted(big_input, tmp_path, 
     tenth = [a[-1][1] for a in exact]
     recalls, found = [], []
     for location, options in ((loc, kw), (ref_loc, ref_kw)):
-        lsh = answers(location, Q, ids=ids, modes=("auto",), **options)
-        recalls.append(np.mean([sum(sim >= t - 1e-12 for _, sim in a) / 10 for a, t in zip(lsh, tenth, strict=True)]))
-        found.append([{i for i, _ in a} for a in lsh])
+        auto = answers(location, Q, ids=ids, modes=("auto",), **options)
+        recalls.append(np.mean([sum(sim >= t - 1e-12 for _, sim in a) / 10 for a, t in zip(auto, tenth, strict=True)]))
+        found.append([{i for i, _ in a} for a in auto])
     shared = np.mean([len(a & b) / 10 for a, b in zip(*found, strict=True)])
-    print(f"lsh recall {recalls}, answers shared {shared:.3f}")
+    print(f"auto recall {recalls}, answers shared {shared:.3f}")
     assert min(recalls) >= 0.9 and abs(recalls[0] - recalls[1]) <= 0.05 and shared >= 0.9, (recalls, shared)
 
 

@@ -39,6 +39,43 @@ def test_error_hierarchy() -> None:
     assert str(err) == "values: expected 3 values, got 4"
 
 
+def test_an_error_carries_its_row_and_part() -> None:
+    """The row of a batch and the part of the row travel in the error, not only in its text:
+    moved to another row (a part of a batch checked alone), pickled, the parts stay."""
+    import pickle
+
+    err = SparseIndexError("vectors", "duplicate index 3", row=2, part="indices")
+    assert (err.name, err.row, err.part, err.field) == ("vectors", 2, "indices", "vectors[2].indices")
+    moved = err.at(7)
+    assert type(moved) is SparseIndexError and moved.field == "vectors[7].indices" and moved.reason == err.reason
+    back = pickle.loads(pickle.dumps(moved))
+    assert type(back) is SparseIndexError and (back.field, back.row, back.part) == ("vectors[7].indices", 7, "indices")
+    assert ZeroVectorError("vectors", "all zero", row=0, part="values").field == "vectors[0]"
+    with pytest.raises(ValueError, match="part"):
+        VectorError("vectors", "x", row=0, part="vals")
+
+
+@pytest.mark.parametrize(
+    ("indices", "values", "part"),
+    [([2, 1], [1.0, 1.0], "indices"), ([1, 9], [1.0, 1.0], "indices"), (["x"], [1.0], "indices"),
+     ([1, 2], [math.nan, 1.0], "values"), ([1, 2], [0.0, 0.0], "values")],
+)
+def test_check_sparse_says_which_list_is_at_fault(indices, values, part) -> None:
+    with pytest.raises(VectorError) as info:
+        check_sparse(indices, values, 5, field="vectors", row=4)
+    assert (info.value.row, info.value.part) == (4, part)
+
+
+def test_check_batch_names_the_row_in_parts() -> None:
+    bad = X.copy()
+    bad[1] = 0
+    for batch in (bad, sp.csr_matrix(bad)):
+        with pytest.raises(ZeroVectorError) as info:
+            check_batch(batch)
+        assert (info.value.name, info.value.row, info.value.part, info.value.field) == ("vectors", 1, "values",
+                                                                                        "vectors[1]")
+
+
 # --- the checkers ------------------------------------------------------------------------
 
 

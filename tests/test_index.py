@@ -19,7 +19,7 @@ from gmmlsh.core import nrff
 from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_matrix
-from gmmlsh.core.validate import DimensionError, NonFiniteError, ZeroVectorError
+from gmmlsh.core.validate import DimensionError, NonFiniteError, SparseIndexError, VectorError, ZeroVectorError
 from gmmlsh.index import segments
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index, UnknownIdError
@@ -229,6 +229,33 @@ def test_storage_follows_the_data_and_reads_back_as_given(location):
         assert ix.get("d1").indices is None
         np.testing.assert_array_equal(ix.get("s1").indices, np.arange(50))
         assert ix.query(dense_rows[1], k=2, mode="exact").neighbors[0].similarity == pytest.approx(1.0)
+
+
+def test_rows_given_one_by_one_dense_or_sparse_keep_their_shapes(location):
+    """``prepare_rows`` takes what a request mixes: each row dense or an (indices, values) pair,
+    stored and read back in its own shape, in the given order; a bad row is named by its place
+    among all the rows, and its part (indices or values)."""
+    dim = 40
+    dense = np.zeros(dim)
+    dense[[1, 7]] = [1.0, 2.0]
+    with _open(location, IndexConfig(dim=dim, samples=64)) as ix:
+        rows = [dense, ([3, 9], [0.5, 1.5]), 2 * dense, ([0], [4.0])]
+        with pytest.raises(SparseIndexError) as info:
+            ix.prepare_rows(["a", "b", "c", "d"], [*rows[:3], ([9, 3], [1.0, 1.0])])
+        assert (info.value.row, info.value.part, info.value.field) == (3, "indices", "vectors[3].indices")
+        with pytest.raises(VectorError) as info:
+            ix.prepare_rows(["a", "b", "", "d"], rows)
+        assert (info.value.row, info.value.part) == (2, "id")
+        with pytest.raises(VectorError) as info:
+            ix.prepare_rows(list("abcd"), rows, [None, None, None, {"x": {1, 2}}])
+        assert (info.value.row, info.value.part) == (3, "metadata")
+        assert ix.count() == 0
+        assert ix.write(ix.prepare_rows(list("abcd"), rows, [None, {"m": 1}, None, None])) == 4
+        a, b, c, d = (ix.get(i) for i in "abcd")
+        assert a.indices is None and np.array_equal(a.values, dense.astype(np.float32))
+        assert b.indices.tolist() == [3, 9] and b.values.tolist() == [0.5, 1.5] and b.metadata == {"m": 1}
+        assert c.indices is None and np.array_equal(c.values, 2 * dense.astype(np.float32))
+        assert d.indices.tolist() == [0] and d.values.tolist() == [4.0]
 
 
 def test_another_process_writes_are_seen_by_the_next_query(location, fmnist):

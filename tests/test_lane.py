@@ -38,7 +38,7 @@ def test_jobs_batched_by_options_answer_as_alone(index, fmnist, monkeypatch):
     real = index.query_batch
     monkeypatch.setattr(index, "query_batch", lambda X, **kw: calls.append(len(X)) or real(X, **kw))
     out = answer_jobs([job(index, t, k) for t, k in targets])
-    # dense lsh k=5: Q0, Q1, Q3 and the zero vector (refused as a batch, then answered one by one);
+    # dense auto k=5: Q0, Q1, Q3 and the zero vector (refused as a batch, then answered one by one);
     # dense exact k=3: Q2, Q4
     assert sorted(calls) == [2, 4]
     for (target, knobs), got in list(zip(targets, out, strict=True))[:6]:

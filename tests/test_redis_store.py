@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ from redis_fixtures import (  # noqa: F401  (fixtures are found by name)
 from store_contract import StoreContract, make_batch, read_all
 
 from gmmlsh.index.store.base import DiskFull, RecordBatch, StoreUnavailable
-from gmmlsh.index.store.redis import RedisStore, mask_url
+from gmmlsh.index.store.location import mask_url, scrub
+from gmmlsh.index.store.redis import _CHUNK_BIG, _CHUNK_SMALL, _FAMILY, RedisStore
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
@@ -163,6 +165,35 @@ def test_mask_url():
     assert mask_url("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
     assert mask_url("rediss://user:s3cret@h/1") == "rediss://user:***@h/1"
     assert mask_url("redis://h:6379") == "redis://h:6379"
+    assert scrub("auth s3cret and s3%cret failed", "redis://:s3%25cret@h/0") == "auth s3cret and *** failed"
+    assert scrub("auth s3cret failed", "redis://:s3cret@h/0") == "auth *** failed"
+    assert scrub("auth s3cret failed", None) == "auth s3cret failed"
+
+
+def test_the_key_location_rule_of_the_lua_scripts_is_the_python_one(redis_url, redis_prefix):  # noqa: F811
+    """lua/shard.lua's ``loc``, run in Redis, puts every field of every record where
+    RedisStore._loc does (the scripts write and delete there, the reads look there)."""
+    store = RedisStore(redis_url, prefix=redis_prefix, shards=5)
+    S, s = 5, 3
+    iids = [seq * S + s for seq in (0, 1, 127, 128, 129, 1023, 1024, 1025, 70_000)]
+    families = list("nvkfm")
+    shard_lua = resources.files("gmmlsh.index.store").joinpath("lua", "shard.lua").read_text()
+    probe = shard_lua + """
+local out = {}
+for _, fam in ipairs(FAMILIES) do out[#out + 1] = fam end
+for j = 5, #ARGV do
+  local seq = math.floor(tonumber(ARGV[j]) / S)
+  for _, fam in ipairs(FAMILIES) do
+    local k, f = loc(ARGV[4], seq, fam)
+    out[#out + 1] = k; out[#out + 1] = f
+  end
+end
+return out"""
+    got = [x.decode() for x in store._r().eval(probe, 0, S, _CHUNK_BIG, _CHUNK_SMALL, store._tag(s), *iids)]
+    assert got[:5] == families == list(_FAMILY.values())
+    want = [part for iid in iids for fam in families for part in store._loc(iid, fam, S)]
+    assert got[5:] == want
+    store.close()
 
 
 def test_the_shard_count_is_fixed_at_creation(redis_url, redis_prefix, rng):  # noqa: F811

@@ -80,15 +80,15 @@ def test_quick_report_on_fashion_mnist_has_every_figure_labelled_and_filled(tmp_
     # the numbers behind the pictures are sane, not just present
     pts = {(p["series"], p["setting"]): p for p in data["speed"]["points"]}
     assert pts[("exact", "in-memory numba scan")]["recall"] == pytest.approx(1.0)
-    assert pts[("lsh", "C=400")]["recall"] >= 0.95
+    assert pts[("auto over C", "C=400")]["recall"] >= 0.95
     search = data["speed"]["search"]
-    assert [p["setting"] for p in data["speed"]["points"] if p["series"] == "lsh default"] == \
-        [report_mod._tuned_label(search)]
+    assert [p["setting"] for p in data["speed"]["points"] if p["series"] == "auto"] == \
+        [report_mod.tuned_label(search)]
     assert search["tuned_at_rows"] == 1500  # tuned by the build's maintain()
     assert all(p["qps"] > 0 for p in pts.values())
     assert {b["method"].split(" (")[0] for b in data["speed"]["builds"]} >= {"exact"}
     acc = data["knn"]["accuracy"]
-    assert set(acc) == {"GMM exact", "GMM lsh", "RBF via nrff", "cosine", "L2"}
+    assert set(acc) == {"GMM exact", "GMM auto", "RBF via nrff", "cosine", "L2"}
     assert all(0.5 < a["10"] <= 1.0 for a in acc.values())
     assert data["knn"]["nrff_check_agree"] >= 0.95  # the bulk nrff neighbours are the index's
     sr = data["samples"]["methods"]

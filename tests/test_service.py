@@ -286,7 +286,7 @@ def test_binary_body_matches_json(server, loaded, data):
         r = c.post("/neighbors/search", params={"k": 5}, content=raw[3].tobytes(), headers=octets)
         assert r.status_code == 200, r.text
         (one,) = r.json()["results"]
-        assert_same(one, loaded.query(Q[3], k=5), 5, "lsh")
+        assert_same(one, loaded.query(Q[3], k=5), 5, "auto")
         r = c.post("/neighbors/search", params={"k": 4, "mode": "exact"}, content=raw.tobytes(), headers=octets)
         assert r.status_code == 200, r.text
         for got, q in zip(r.json()["results"], Q, strict=True):
@@ -323,17 +323,17 @@ def test_concurrent_single_queries_answered_alone_or_together(server, loaded, da
         kind, q = job
         if kind == "json":
             r = c.post("/neighbors/search", json={"values": q.tolist(), "k": 6})
-            assert_same(r.json(), loaded.query(q, k=6), 6, "lsh")
+            assert_same(r.json(), loaded.query(q, k=6), 6, "auto")
         elif kind == "binary":
             r = c.post("/neighbors/search", params={"k": 6}, content=q.astype("<f4").tobytes(),
                        headers={"Content-Type": "application/octet-stream"})
-            assert_same(r.json()["results"][0], loaded.query(q, k=6), 6, "lsh")
+            assert_same(r.json()["results"][0], loaded.query(q, k=6), 6, "auto")
         elif kind == "bad":
             r = c.post("/neighbors/search", json={"values": [1.0] * (DIM - 1), "k": 6})
             assert r.status_code == 422 and r.json()["error"]["field"] == "values", r.text
         else:
             r = c.get("/neighbors", params={"id": "v9", "k": 6})
-            assert_same(r.json(), loaded.query(id="v9", k=6), 6, "lsh")
+            assert_same(r.json(), loaded.query(id="v9", k=6), 6, "auto")
         return None
 
     errors: list[BaseException] = []

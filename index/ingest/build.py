@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import re
 import signal
 import sys
 import threading
@@ -44,7 +43,7 @@ import scipy.sparse as sp
 
 from gmmlsh.core.validate import VectorError, first_bad_row
 from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
-from gmmlsh.index.records import as_stored, decode_rows
+from gmmlsh.index.records import as_stored
 from gmmlsh.index.store.base import RecordBatch
 from gmmlsh.index.tuner import sample_queries
 
@@ -119,7 +118,7 @@ def human_bytes(n: int | None) -> str:
 def index_size(index) -> tuple[int | None, str]:
     """(bytes, what they measure): LMDB's data file, or the whole Redis server's memory."""
     try:
-        info = index.store.info()
+        info = index.stats()["store"]
     except Exception:  # noqa: BLE001 - a size is nice to have, never worth failing a build
         return None, "size unknown"
     if isinstance(info.get("bytes"), int):
@@ -127,11 +126,6 @@ def index_size(index) -> tuple[int | None, str]:
     if isinstance(info.get("used_memory"), int):
         return int(info["used_memory"]), "Redis server memory, all keys"
     return None, "size unknown"
-
-
-def index_bytes(index) -> int | None:
-    """Bytes the index occupies as its store reports them (see :func:`index_size`)."""
-    return index_size(index)[0]
 
 
 # --- validation -------------------------------------------------------------------
@@ -168,14 +162,12 @@ def _take(chunk: Chunk, keep: np.ndarray) -> tuple[list[str], object, list | Non
     return ids, X, meta
 
 
-def _located(chunk: Chunk, ids: list[str], exc: VectorError) -> Exception:
-    """A refused row reported at its place in the input file."""
-    m = re.match(r"^[a-z_]+\[(\d+)\]", exc.field or "")
-    if m is None:
+def _located(chunk: Chunk, kept: np.ndarray | None, exc: VectorError) -> Exception:
+    """A refused row reported at its place in the input file (``kept``: the chunk's rows the
+    index was given, when invalid rows were left out)."""
+    if exc.row is None:
         return InputFormatError(chunk.source, str(exc))
-    i = int(m.group(1))
-    pos = chunk.ids.index(ids[i]) if i < len(ids) else i
-    return chunk.error(pos, exc.reason)
+    return chunk.error(int(kept[exc.row]) if kept is not None else exc.row, exc.reason)
 
 
 @dataclass
@@ -191,39 +183,34 @@ def _stage(index, chunk: Chunk, on_invalid: str) -> _Staged:
     store write. Runs on a hashing worker for the chunks after the one being written."""
     ids, X, meta = chunk.ids, chunk.X, chunk.metadata
     bad = invalid_rows(X)
+    kept = None
     if bad:
         if on_invalid == "error":
             i, problem = bad[0]
             raise chunk.error(i, problem)
-        ids, X, meta = _take(chunk, np.setdiff1d(np.arange(len(chunk)), [i for i, _ in bad]))
+        kept = np.setdiff1d(np.arange(len(chunk)), [i for i, _ in bad])
+        ids, X, meta = _take(chunk, kept)
     try:
         return _Staged(bad, index.prepare(ids, X, meta))
     except VectorError as exc:
-        raise _located(chunk, ids, exc) from None
+        raise _located(chunk, kept, exc) from None
 
 
 # --- resume -------------------------------------------------------------------------
 
 
-def _equal_rows(index, blobs: list[bytes], X) -> bool:
-    """Whether stored vector blobs hold exactly the rows of ``X`` at stored precision."""
+def _equal_rows(stored, X, dim: int) -> bool:
+    """Whether ``stored`` rows (``Index.stored_rows``) are exactly the rows of ``X`` at stored precision."""
     try:
-        want = sp.csr_matrix(as_stored(X, index.config.dim))
+        want = sp.csr_matrix(as_stored(X, dim))
     except VectorError:  # a row the index refuses was never stored: the chunk is not done
         return False
-    got = sp.csr_matrix(decode_rows(blobs, index.config.dim)[0])
+    got = sp.csr_matrix(stored)
     for m in (got, want):
         m.eliminate_zeros()
         m.sort_indices()
     return (got.shape == want.shape and np.array_equal(got.indptr, want.indptr)
             and np.array_equal(got.indices, want.indices) and np.array_equal(got.data, want.data))
-
-
-def _equal_meta(blobs: list[bytes | None], metadata) -> bool:
-    import orjson
-
-    want = metadata if metadata is not None else [None] * len(blobs)
-    return all((orjson.loads(b) if b else None) == m for b, m in zip(blobs, want, strict=True))
 
 
 def chunk_done(index, chunk: Chunk) -> bool:
@@ -235,16 +222,15 @@ def chunk_done(index, chunk: Chunk) -> bool:
     """
     if len(chunk.ids) == 0:
         return True
-    store = index.store
-    if store.lookup([chunk.ids[-1]])[0] < 0:
+    try:
+        if not index.contains(chunk.ids[-1]):
+            return False
+    except VectorError:  # an id the index refuses: staging the chunk reports it where it is
         return False
-    iids = np.asarray(store.lookup(chunk.ids), dtype=np.int64)
-    if (iids < 0).any():
+    stored = index.stored_rows(chunk.ids)
+    if stored is None or not _equal_rows(stored[0], chunk.X, index.config.dim):
         return False
-    rec = store.read(iids, ["vector", "meta"])
-    if any(b is None for b in rec["vector"]) or not _equal_rows(index, rec["vector"], chunk.X):
-        return False
-    return _equal_meta(rec["meta"], chunk.metadata)
+    return stored[1] == (list(chunk.metadata) if chunk.metadata is not None else [None] * len(chunk.ids))
 
 
 # --- signals ------------------------------------------------------------------------
@@ -351,7 +337,7 @@ class _MirrorFollower:
     """
 
     def __init__(self, index):
-        self._mirror, self._store = index.mirror, index.store
+        self._index = index
         self._written = threading.Event()
         self._done = False
         self._thread = threading.Thread(target=self._follow, name="gmmlsh-mirror", daemon=True)
@@ -373,7 +359,7 @@ class _MirrorFollower:
             if self._done:
                 return
             try:
-                self._mirror.sync(self._store)
+                self._index.view()
             except Exception:  # noqa: BLE001 - the final sync does the rest and reports it
                 _logger.debug("the search mirror stopped following the build", exc_info=True)
                 return

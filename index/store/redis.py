@@ -70,7 +70,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import numpy as np
 import redis
@@ -88,6 +87,7 @@ from gmmlsh.index.store.base import (
     Token,
     Written,
 )
+from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url, scrub
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _FAMILY = {"name": "n", "vector": "v", "sketch": "k", "nrff": "f", "meta": "m"}
@@ -112,23 +112,11 @@ _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.RedisClusterException, OSError)
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (safe for logs, errors and /stats)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    except ValueError:
-        return "<unparseable redis url>"
-
-
 def _script(name: str) -> str:
-    return resources.files("gmmlsh.index.store").joinpath("lua", f"{name}.lua").read_text()
+    """The Lua script ``lua/<name>.lua`` after ``lua/shard.lua`` (the arguments every script starts
+    with, the key-location rule of :meth:`RedisStore._loc`, a record's retirement)."""
+    lua = resources.files("gmmlsh.index.store").joinpath("lua")
+    return lua.joinpath("shard.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
 def _guarded(fn: Callable) -> Callable:
@@ -170,10 +158,10 @@ class RedisStore:
 
     kind = "redis"
 
-    def __init__(self, url: str, *, prefix: str = "gmmlsh", shards: int = 16, cluster: bool | None = None,
+    def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, shards: int = 16, cluster: bool | None = None,
                  socket_timeout: float = 5.0, group: tuple[int, int] | None = None, **client_kwargs: Any) -> None:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"url: expected redis://, rediss:// or unix://, got {mask_url(url)!r}")
+        if not is_redis(url):
+            raise ValueError(f"url: expected {', '.join(REDIS_SCHEMES)}, got {mask_url(url)!r}")
         if not _PREFIX_RE.match(prefix):
             raise ValueError(f"prefix: must be 1-128 of [A-Za-z0-9_.-], got {prefix!r}")
         if not 1 <= shards <= 1024:
@@ -209,7 +197,7 @@ class RedisStore:
 
     # --- plumbing ------------------------------------------------------------------------
     def _translate(self, e: BaseException) -> StoreError:
-        text = self._scrub(str(e))
+        text = scrub(str(e), self.url)
         if isinstance(e, OutOfMemoryError) or text.startswith("OOM"):
             return DiskFull(f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): "
                             "nothing was written; free memory or raise maxmemory, then retry")
@@ -230,15 +218,6 @@ class RedisStore:
             client.nodes_manager.initialize()
         except Exception:  # noqa: BLE001 - no node answers yet: the next failure tries again
             pass
-
-    def _scrub(self, text: str) -> str:
-        try:
-            pw = urlsplit(self.url).password
-        except ValueError:
-            return text.replace(self.url, "<redis url>")
-        for secret in {pw, unquote(pw)} if pw else ():
-            text = text.replace(secret, "***")
-        return text
 
     def _r(self) -> Any:
         """The redis-py client, made on first use."""
@@ -329,6 +308,8 @@ class RedisStore:
         return [t + "ids", t + "seq", t + "live", t + "dead", t + "ndead"]
 
     def _loc(self, iid: int, fam: str, S: int) -> tuple[str, str]:
+        """Where field ``fam`` of record ``iid`` lives: its hash key and the field in it (the rule
+        ``loc`` of ``lua/shard.lua``)."""
         s, seq = iid % S, iid // S
         c = _CHUNK_SMALL if fam in _SMALL else _CHUNK_BIG
         return f"{self._tag(s)}{fam}:{seq // c}", str(seq % c)
@@ -477,7 +458,7 @@ class RedisStore:
         for name, iid in pairs.items():
             by_shard[self._shard_of(name, S)] += [name] if expect is None else [name, iid]
         flag = "0" if expect is None else "1"
-        commands = [self._evalsha("delete", self._shard_keys(s), [S, s, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
+        commands = [self._evalsha("delete", self._shard_keys(s), [S, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
                                                                    *members])
                     for s, members in by_shard.items()]
         return int(sum(self._bumped(commands)))
@@ -621,8 +602,8 @@ class RedisStore:
 
     def token_later(self) -> Callable[[], Token]:
         """The token's ``MGET`` sent now on a connection of its own, its reply read when asked
-        for: a query searches its mirror while the round trip (~60 µs on loopback, twice that
-        between queries) travels. Any failure, and a Cluster, fall back to :meth:`token`."""
+        for: a query searches its mirror while the round trip travels (docs/tuning.md). Any failure,
+        and a Cluster or a group, fall back to :meth:`token`."""
         if self._cluster or self._token_keys is None or self.group is not None:
             return self._token_now()
         pool = self._r().connection_pool

@@ -36,6 +36,7 @@ import uuid
 from pathlib import Path
 
 from gmmlsh.index.store.base import StoreError
+from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis
 
 #: Name of the collection the unprefixed routes and commands use: the index itself.
 DEFAULT_COLLECTION = "default"
@@ -203,7 +204,7 @@ class RedisRegistry:
 
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str = "gmmlsh", **store_options):
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, **store_options):
         from gmmlsh.index.store.redis import RedisStore
 
         self.url, self.prefix = url, prefix
@@ -293,9 +294,9 @@ class RedisRegistry:
         self._store.close()
 
 
-def open_registry(location: str, *, prefix: str = "gmmlsh", **store_options) -> LmdbRegistry | RedisRegistry:
+def open_registry(location: str, *, prefix: str = DEFAULT_PREFIX, **store_options) -> LmdbRegistry | RedisRegistry:
     """The registry of the collections kept beside the index at ``location`` (directory or Redis URL)."""
     store_options.pop("cache_dir", None)
-    if str(location).startswith(("redis://", "rediss://", "unix://")):
+    if is_redis(location):
         return RedisRegistry(str(location), prefix=prefix, **store_options)
     return LmdbRegistry(location, **store_options)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import gmmlsh
 from gmmlsh.service.cli import admin, bench, build, collections, query, route, serve
 from gmmlsh.service.cli.common import (
     EXIT_INTERRUPTED,
@@ -20,6 +21,7 @@ from gmmlsh.service.cli.common import (
     EXIT_USAGE,
     Formatter,
     UsageError,
+    env_defaults,
     opt,
 )
 
@@ -41,20 +43,12 @@ Run 'gmmlsh COMMAND --help' for a command's options.
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmmlsh", description=MAIN_HELP, epilog=MAIN_EXAMPLE, formatter_class=Formatter)
     opt(p, "--debug", action="store_true", default=False, help="show tracebacks")
-    p.add_argument("--version", action="version", version=f"gmmlsh {_version()}")
+    p.add_argument("--version", action="version", version=f"gmmlsh {gmmlsh.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (build, serve, route, query, admin, collections, bench):
         module.add(sub)
+    env_defaults([p, *sub.choices.values()])
     return p
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("gmmlsh")
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def _error_code(exc: BaseException) -> int:

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from gmmlsh.index.store.location import describe
 from gmmlsh.service.cli.common import (
     EXIT_OK,
     EXIT_RUNTIME,
@@ -14,7 +15,6 @@ from gmmlsh.service.cli.common import (
     Formatter,
     UsageError,
     add_store,
-    describe_location,
     describe_search,
     location,
     open_index,
@@ -56,12 +56,12 @@ def info(args) -> int:
     with open_index(args, maintain=False) as index:
         stats = index.stats()
     if args.json:
-        print(json.dumps({"location": describe_location(kind, loc, prefix), **stats}, default=str))
+        print(json.dumps({"location": describe(loc, prefix), **stats}, default=str))
         return EXIT_OK
     cfg, search, mirror, store = stats["config"], stats["search"], stats["mirror"], stats["store"]
     store_bytes = store.get("bytes") or store.get("redis_used_memory")
     rows = [
-        ("index", describe_location(kind, loc, prefix)),
+        ("index", describe(loc, prefix)),
         ("vectors", f"{stats['count']:,}"),
         ("store", f"{human_bytes(store_bytes)}" + (" (the whole Redis server)" if kind == "redis" else "")),
         ("dimension", f"{cfg['dim']:,}"),

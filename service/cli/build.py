@@ -7,6 +7,7 @@ import json
 import sys
 from typing import get_type_hints
 
+from gmmlsh.index.store.location import describe
 from gmmlsh.service.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -14,7 +15,6 @@ from gmmlsh.service.cli.common import (
     UsageError,
     add_store,
     collections_of,
-    describe_location,
     describe_search,
     location,
     nonneg_int,
@@ -22,6 +22,7 @@ from gmmlsh.service.cli.common import (
     open_options,
     opt,
     positive_int,
+    where,
     whole_number,
 )
 
@@ -214,7 +215,7 @@ def run(args) -> int:
             diffs.append(f"dim {args.dim} (index has {cfg.dim})")
         if diffs:
             index.close()
-            raise UsageError(f"the index at {describe_location(kind, loc, prefix)} exists with other parameters: "
+            raise UsageError(f"the index at {describe(loc, prefix)} exists with other parameters: "
                              f"{'; '.join(diffs)}. Leave them out to add to it, or build into a new location")
         try:
             queries = _tune_queries(args, cfg.dim)
@@ -232,9 +233,10 @@ def run(args) -> int:
             raise UsageError(str(exc)) from None
         queries = _tune_queries(args, config.dim)  # checked before anything is created
         undo = _undoing(args, kind, loc)
-        if args.collection != "default":
+        collection = where(args).collection
+        if collection != "default":
             with collections_of(args) as cols:
-                cols.create(args.collection, config, args.indexed_fields or [])
+                cols.create(collection, config, args.indexed_fields or [])
             index = open_index(args, maintain=False)
         else:
             if args.shards and kind != "redis":
@@ -254,12 +256,12 @@ def run(args) -> int:
         if summary.interrupted and undo is not None:
             undo(index)
         search = index.stats()["search"]
-    mirror = index.mirror.dir
+    mirror = index.mirror_path
     del index  # its mappings of the mirror's files, so that they can be read again in 2 MiB pages
     gc.collect()
     refold_tree(mirror)
     if args.json:
-        print(json.dumps({"index": describe_location(kind, loc, prefix), **summary.to_dict(), "search": search}))
+        print(json.dumps({"index": describe(loc, prefix), **summary.to_dict(), "search": search}))
     else:
         print(summary.describe())
         if not summary.interrupted:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
-import re
+
+from pydantic import ValidationError
+
+from gmmlsh.index.store.location import DEFAULT_PREFIX, describe
+from gmmlsh.service.settings import ENV_PREFIX, Where, from_env
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-ENV = "GMMLSH_"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+ENV = ENV_PREFIX
 
 
 class UsageError(Exception):
@@ -26,20 +27,32 @@ def env_name(dest: str) -> str:
 
 
 def opt(p, *flags: str, dest: str | None = None, env: bool = True, help: str = "", **kw) -> argparse.Action:
-    """An option whose default comes from ``GMMLSH_<DEST>`` when that is set (argparse converts a
-    string default with the option's ``type``, so a bad environment value is reported like a bad
-    command-line value)."""
+    """An option whose default comes from ``GMMLSH_<DEST>`` when that is set: marked here, read
+    for every marked option at once by :func:`env_defaults`."""
     dest = dest or flags[0].lstrip("-").replace("-", "_")
     if env:
-        name = env_name(dest)
-        raw = os.environ.get(name)
-        if kw.get("action") in ("store_true", "store_false"):
-            if raw is not None and raw.strip().lower() in _TRUE | _FALSE:
-                kw["default"] = raw.strip().lower() in _TRUE
-        elif raw is not None and raw != "":
-            kw["default"] = raw
-        help = f"{help} (env {name})" if help else f"(env {name})"
-    return p.add_argument(*flags, dest=dest, help=help, **kw)
+        help = f"{help} (env {env_name(dest)})" if help else f"(env {env_name(dest)})"
+    action = p.add_argument(*flags, dest=dest, help=help, **kw)
+    action.from_env = env  # type: ignore[attr-defined]
+    return action
+
+
+def env_defaults(parsers: list[argparse.ArgumentParser]) -> None:
+    """Set the defaults of the options :func:`opt` marked, in ``parsers`` (the command line's,
+    the first the main one), from the ``GMMLSH_*`` environment, read the way the server's
+    settings read it (:func:`gmmlsh.service.settings.from_env`). A flag's value is a boolean
+    (anything else: a usage error, exit 2); any other is text that argparse converts with the
+    option's ``type``, so a bad environment value is reported like a bad command-line value."""
+    marked = [a for p in parsers for a in p._actions if getattr(a, "from_env", False)]
+    types = {a.dest: bool if isinstance(a.const, bool) and a.nargs == 0 else str for a in marked}
+    try:
+        values = from_env(types)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        parsers[0].error(f"{first['loc'][0]}: {first['msg']}")
+    for a in marked:
+        if a.dest in values:
+            a.default = values[a.dest]
 
 
 def int_at_least(low: int):
@@ -70,48 +83,62 @@ def whole_number(text: str) -> int:
 
 
 def add_store(p: argparse.ArgumentParser) -> None:
+    """The options naming the index; unset, they come from the environment through
+    :class:`~gmmlsh.service.settings.Where` (see :func:`where`)."""
+    from gmmlsh.index.index import DEFAULT_CACHE_DIR
+
     g = p.add_argument_group("index location (one of)")
     g.add_argument("--index", metavar="DIR", help=f"LMDB index directory (env {ENV}INDEX)")
     g.add_argument("--redis", dest="redis_url", metavar="URL",
                    help=f"Redis URL, e.g. redis://localhost:6379/0 (env {ENV}REDIS_URL)")
-    opt(g, "--prefix", metavar="NAME", default="gmmlsh", help="name of the index inside Redis (default gmmlsh)")
-    opt(g, "--collection", metavar="NAME", default="default", help="a named collection kept beside the index "
-        "(default: the index itself)")
-    from gmmlsh.index.index import DEFAULT_CACHE_DIR
+    g.add_argument("--prefix", metavar="NAME",
+                   help=f"name of the index inside Redis (default {DEFAULT_PREFIX}; env {ENV}PREFIX)")
+    g.add_argument("--collection", metavar="NAME", help="a named collection kept beside the index "
+                   f"(default: the index itself; env {ENV}COLLECTION)")
+    g.add_argument("--cache-dir", metavar="DIR", help="where a Redis index's search mirror lives on this machine "
+                   f"(default {DEFAULT_CACHE_DIR}; env {ENV}CACHE_DIR)")
 
-    opt(g, "--cache-dir", metavar="DIR", help="where a Redis index's search mirror lives on this machine "
-        f"(default {DEFAULT_CACHE_DIR})")
 
-
-def location(args) -> tuple[str, str, str]:
-    """(kind, location, prefix) from --index / --redis, falling back to the environment
-    (where Redis wins, as in the server's settings)."""
+def where(args: argparse.Namespace) -> Where:
+    """The :class:`~gmmlsh.service.settings.Where` the arguments name: the options given, the
+    ``GMMLSH_*`` environment for the rest (an explicit ``--index`` also beats ``GMMLSH_REDIS_URL``)."""
     if args.index and args.redis_url:
         raise UsageError("give either --index DIR or --redis URL, not both")
-    if args.redis_url:
-        return "redis", args.redis_url, args.prefix
+    given = {k: v for k in ("index", "redis_url", "prefix", "collection", "cache_dir")
+             if (v := getattr(args, k, None)) is not None}
     if args.index:
-        return "lmdb", args.index, args.prefix
-    env_redis, env_index = os.environ.get(env_name("redis_url")), os.environ.get(env_name("index"))
-    if env_redis:
-        return "redis", env_redis, args.prefix
-    if env_index:
-        return "lmdb", env_index, args.prefix
-    raise UsageError(f"where is the index? give --index DIR or --redis URL (or set {ENV}INDEX / {ENV}REDIS_URL)")
+        given["redis_url"] = None
+    try:
+        w = Where(**given)
+    except ValidationError as exc:
+        raise UsageError(settings_error(exc)) from None
+    if not w.location:
+        raise UsageError(f"where is the index? give --index DIR or --redis URL (or set {ENV}INDEX / "
+                         f"{ENV}REDIS_URL)")
+    return w
 
 
-def describe_location(kind: str, loc: str, prefix: str) -> str:
-    if kind == "lmdb":
-        return f"{loc} (LMDB)"
-    masked = re.sub(r"//([^:/@]*):([^@]*)@", r"//\1:***@", loc)
-    return f"{masked} prefix {prefix!r} (Redis)"
+def settings_error(exc: ValidationError) -> str:
+    """A pydantic ValidationError of the settings in one line: ``settings: <field>: <problem>``."""
+    first = exc.errors()[0]
+    field = ".".join(map(str, first["loc"]))
+    message = first["msg"].removeprefix("Value error, ")
+    if not field or message.startswith(f"{field}: "):
+        return f"settings: {message}"
+    return f"settings: {field}: {message}"
+
+
+def location(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(kind, location, prefix) of :func:`where`."""
+    w = where(args)
+    return ("redis" if w.redis_url else "lmdb"), w.location, w.prefix
 
 
 def open_options(args) -> dict:
-    kind, _, prefix = location(args)
-    opts: dict = {"prefix": prefix}
-    if kind == "redis" and getattr(args, "cache_dir", None):
-        opts["cache_dir"] = args.cache_dir
+    w = where(args)
+    opts: dict = {"prefix": w.prefix}
+    if w.redis_url and w.cache_dir:
+        opts["cache_dir"] = w.cache_dir
     return opts
 
 
@@ -120,7 +147,7 @@ def open_index(args, *, must_exist: bool = True, **kw):
     from gmmlsh.index.index import Index
 
     kind, loc, prefix = location(args)
-    name = getattr(args, "collection", "default") or "default"
+    name = where(args).collection
     if name != "default":
         return _open_collection(args, name, must_exist, **kw)
     try:
@@ -128,7 +155,7 @@ def open_index(args, *, must_exist: bool = True, **kw):
     except FileNotFoundError:
         if not must_exist:
             return None
-        raise UsageError(f"no index at {describe_location(kind, loc, prefix)}; create one with "
+        raise UsageError(f"no index at {describe(loc, prefix)}; create one with "
                          "'gmmlsh build INPUT --index DIR' (or --redis URL)") from None
 
 
@@ -141,12 +168,8 @@ def collections_of(args):
 
 
 def _open_collection(args, name: str, must_exist: bool, **kw):
-    from gmmlsh.index.collections import UnknownCollection, check_name
+    from gmmlsh.index.collections import UnknownCollection
 
-    try:
-        check_name(name, "--collection")
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     with collections_of(args) as cols:
         try:
             return cols.open(name, **kw)
@@ -154,7 +177,7 @@ def _open_collection(args, name: str, must_exist: bool, **kw):
             if not must_exist:
                 return None
             kind, loc, prefix = location(args)
-            raise UsageError(f"no collection {name!r} at {describe_location(kind, loc, prefix)}; create one with "
+            raise UsageError(f"no collection {name!r} at {describe(loc, prefix)}; create one with "
                              f"'gmmlsh build INPUT --collection {name}' (or POST /collections)") from None
 
 

@@ -32,6 +32,7 @@ Examples:
 
 
 def add(sub) -> None:
+    from gmmlsh.index.config import DEFAULT_K
     from gmmlsh.index.search import MODE_ALIASES, MODES
 
     p = sub.add_parser("query", help="nearest neighbours of an id or a vector", description=HELP, epilog=EXAMPLE,
@@ -48,7 +49,8 @@ def add(sub) -> None:
     g.add_argument("--zero-based", nargs="?", const="yes", default="no", choices=("yes", "no", "auto"),
                    help="svmlight --vector-file: indices start at 0")
     g = p.add_argument_group("search")
-    opt(g, "-k", "--k", dest="k", type=positive_int, default="10", help="neighbours to return (default 10)")
+    opt(g, "-k", "--k", dest="k", type=positive_int, default=str(DEFAULT_K),
+        help=f"neighbours to return (default {DEFAULT_K})")
     opt(g, "--mode", choices=(*MODES, *MODE_ALIASES), default="auto",
         help="auto (default: the search the index tuned for itself), sketch, postings, exact (brute force) or nrff")
     opt(g, "--min-similarity", dest="query_min_similarity", metavar="S", type=float, default="0.0",

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from gmmlsh.service.cli.common import EXIT_OK, Formatter, UsageError, add_store, env_name, location, positive_int
+from gmmlsh.service.cli.common import (
+    ENV,
+    EXIT_OK,
+    Formatter,
+    UsageError,
+    add_store,
+    positive_int,
+    settings_error,
+    where,
+)
 
 HELP = """\
 Serve an index over HTTP (FastAPI under uvicorn; interactive docs at /docs).
@@ -48,27 +56,24 @@ def run(args) -> int:
     from gmmlsh.service.server import serve
     from gmmlsh.service.settings import Settings
 
-    kind, loc, prefix = location(args)
-    if kind == "lmdb" and not (Path(loc) / "data.mdb").exists() and not os.environ.get(env_name("dim")):
-        raise UsageError(f"no index at {loc}; build one with 'gmmlsh build INPUT --index {loc}', or set "
-                         "GMMLSH_DIM to create an empty one")
-    where = {"index": str(Path(loc).resolve()), "redis_url": None} if kind == "lmdb" else {"redis_url": loc}
-    if args.cache_dir:
-        where["cache_dir"] = args.cache_dir
+    w = where(args)
+    given = {k: v for k, v in w.model_dump().items() if v is not None or k == "redis_url"}
+    if not w.redis_url:
+        given["index"] = str(Path(w.index).resolve())
     for name in ("group", "advertise", "snapshots"):
         if getattr(args, name, None):
-            where[name] = getattr(args, name)
+            given[name] = getattr(args, name)
     if args.port is not None:  # the advertised URL's default
-        where["port"] = args.port
+        given["port"] = args.port
     if args.host is not None:
-        where["host"] = args.host
+        given["host"] = args.host
     try:
-        settings = Settings(prefix=prefix, collection=args.collection, **where)
+        settings = Settings(**given)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        message = first["msg"].removeprefix("Value error, ")
-        raise UsageError(f"settings: {where + ': ' if where else ''}{message}") from None
+        raise UsageError(settings_error(exc)) from None
+    if not w.redis_url and not (Path(w.index) / "data.mdb").exists() and settings.dim is None:
+        raise UsageError(f"no index at {w.index}; build one with 'gmmlsh build INPUT --index {w.index}', or set "
+                         f"{ENV}DIM to create an empty one")
     _open_or_fail(settings)
     serve(settings, host=args.host, port=args.port, workers=args.workers)
     return EXIT_OK

@@ -16,7 +16,6 @@ the query string.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
@@ -30,10 +29,10 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from gmmlsh.core.validate import DimensionError, NonFiniteError, VectorError, ZeroVectorError
+from gmmlsh.core.validate import DimensionError, VectorError
 from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
-from gmmlsh.index.search import QueryResult
+from gmmlsh.results import QueryResult
 from gmmlsh.service.deps import held_index
 from gmmlsh.service.errors import ApiError, responses
 from gmmlsh.service.lane import Job
@@ -54,8 +53,8 @@ router = APIRouter(tags=["neighbors"])
 
 #: The media type of a binary body: dense queries as raw little-endian float32.
 BINARY = "application/octet-stream"
-#: Bodies up to this size are parsed on the event loop (a single query: ~10 µs); larger ones
-#: in a worker thread, so a 64 MiB batch never holds the loop.
+#: Bodies up to this size are parsed on the event loop (cheaper than a hop to a thread); larger
+#: ones in a worker thread, so a 64 MiB batch never holds the loop.
 _PARSE_INLINE = 64 * 1024
 
 _EXAMPLES = {
@@ -190,8 +189,9 @@ def _batch_results(request: Request, index: Index, X: np.ndarray, knobs: Knobs) 
     try:
         results = index.query_batch(X, **knobs.kwargs())
     except VectorError as exc:
-        m = _VECTOR_FIELD.match(exc.field)
-        raise type(exc)(f"body[{m.group(2)}]" if m and m.group(2) else "body", exc.reason) from None
+        if exc.part is None:  # k, mode, ...: named as the query string names them
+            raise
+        raise type(exc)(f"body[{exc.row}]" if exc.row is not None else "body", exc.reason) from None
     return _encode_results(request, results)
 
 
@@ -337,18 +337,14 @@ def query_target(q: SearchQuery, values: np.ndarray | None, prefix: str = "") ->
     return Target(vector=(np.asarray(q.indices, dtype=np.int64), values) if q.indices is not None else values)
 
 
-_VECTOR_FIELD = re.compile(r"^vectors?(\[(\d+)\])?$")
-
-
-def client_field(exc: VectorError, prefix: str = "", sparse: bool = False, dense: str = "values") -> VectorError:
-    """The index names a query's vector ``vector`` (``vectors[i]`` in a batch); name it as the
-    client sent it: ``values`` (``dense``), or ``indices`` for the structure of a sparse vector."""
-    field = exc.field
-    if _VECTOR_FIELD.match(field) or field == "values":
-        if sparse:
-            field = "values" if isinstance(exc, NonFiniteError | ZeroVectorError) else "indices"
-        else:
-            field = dense
+def client_field(exc: VectorError, prefix: str = "", dense: str = "values") -> VectorError:
+    """An index error about a query's vector (its ``part``) named as the client sent it: the
+    ``indices`` or ``values`` of a sparse vector, ``dense`` for the values of a dense one
+    (``values``, or ``vector`` in a query string); other fields (``k``, ``mode``) as they are."""
+    if exc.part in ("values", "indices"):
+        field = "indices" if exc.part == "indices" else dense
+    else:
+        field = exc.name
     return type(exc)(prefix + field, exc.reason)
 
 
@@ -360,7 +356,7 @@ def run_query(index: Index, target: Target, knobs: Knobs, prefix: str = "", dens
     except UnknownIdError:
         raise ApiError(404, f"no vector with id {target.id!r}", field=prefix + "id") from None
     except VectorError as exc:
-        raise client_field(exc, prefix, target.sparse, dense) from None
+        raise client_field(exc, prefix, dense) from None
 
 
 def result_dict(r: QueryResult) -> dict:
@@ -414,6 +410,5 @@ def _answer_batch(index: Index, targets: list[Target], knobs: list[Knobs], prefi
         try:
             return index.query_batch(np.stack([t.vector for t in targets]), **knobs[0].kwargs())
         except VectorError as exc:
-            m = _VECTOR_FIELD.match(exc.field)
-            raise client_field(exc, prefixes[int(m.group(2))] if m and m.group(2) else "") from None
+            raise client_field(exc, prefixes[exc.row] if exc.row is not None else "") from None
     return [run_query(index, t, kn, p) for t, kn, p in zip(targets, knobs, prefixes, strict=True)]

@@ -7,19 +7,17 @@ from typing import Any
 
 import numpy as np
 import orjson
-import scipy.sparse as sp
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.responses import Response
 
-from gmmlsh.core.validate import DimensionError, VectorError, check_sparse
+from gmmlsh.core.validate import VectorError
 from gmmlsh.index.index import Index, UnknownIdError
-from gmmlsh.index.store.base import RecordBatch
 from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
 from gmmlsh.service.parsing import parse_body, request_field
-from gmmlsh.service.schemas import UPSERT_BODY, DeleteResponse, UpsertResponse, VectorBatch, VectorIn, VectorOut
+from gmmlsh.service.schemas import UPSERT_BODY, DeleteResponse, UpsertResponse, VectorBatch, VectorOut
 from gmmlsh.service.settings import Settings
 
 
@@ -85,9 +83,8 @@ async def delete_vector(id: str, index: IndexDep, metrics: MetricsDep) -> Respon
 
 
 def upsert(index: Index, settings: Settings, body: bytes) -> dict:
-    """Parse, then hand the vectors to the index as arrays (it validates and hashes them) and
-    write them in one all-or-nothing batch. Dense and sparse rows of one request are prepared
-    apart, so that each reads back in the shape it was sent in, and written together."""
+    """Parse, then hand the rows to the index (it validates and hashes them, each stored in the
+    shape it was sent in) and write them in one all-or-nothing batch."""
     parsed = parse_body(UPSERT_BODY, body)
     batch = isinstance(parsed, VectorBatch)
     vectors = parsed.vectors if batch else [parsed]
@@ -96,73 +93,16 @@ def upsert(index: Index, settings: Settings, body: bytes) -> dict:
                        field="vectors")
     for i, v in enumerate(vectors):
         if v.metadata is not None:
-            _check_metadata(v.metadata, settings.max_metadata_bytes, f"{_where(i, batch)}metadata")
-    dim = index.config.dim
-    parts = []
-    for rows_of, shape in ((_dense_rows, False), (_sparse_rows, True)):
-        at = [i for i, v in enumerate(vectors) if (v.indices is not None) == shape]
-        if not at:
-            continue
-        group = [vectors[i] for i in at]
-        meta = [v.metadata for v in group]
-        try:
-            X = rows_of(group, dim)
-            parts.append((at, index.prepare([v.id for v in group], X,
-                                            meta if any(m is not None for m in meta) else None)))
-        except VectorError as exc:
-            raise type(exc)(request_field(exc.field, batch, at), exc.reason) from None
-    written = index.write(_merged(parts, len(vectors)))
+            _check_metadata(v.metadata, settings.max_metadata_bytes, f"vectors[{i}].metadata" if batch else "metadata")
+    meta = [v.metadata for v in vectors]
+    try:
+        prepared = index.prepare_rows([v.id for v in vectors],
+                                      [(v.indices, v.values) if v.indices is not None else v.values for v in vectors],
+                                      meta if any(m is not None for m in meta) else None)
+    except VectorError as exc:
+        raise type(exc)(request_field(exc, batch), exc.reason) from None
+    written = index.write(prepared)
     return {"upserted": written.vectors, "replaced": written.replaced, "count": int(index.count())}
-
-
-def _where(i: int, batch: bool) -> str:
-    return f"vectors[{i}]." if batch else ""
-
-
-def _dense_rows(vectors: list[VectorIn], dim: int) -> np.ndarray:
-    """Dense rows as one matrix; a row of another length is named before numpy sees the ragged list."""
-    for i, v in enumerate(vectors):
-        if len(v.values) != dim:
-            raise DimensionError(f"vectors[{i}]", f"expected {dim} values, got {len(v.values)}")
-    return np.array([v.values for v in vectors], dtype=np.float64).reshape(len(vectors), dim)
-
-
-def _sparse_rows(vectors: list[VectorIn], dim: int) -> sp.csr_matrix:
-    """Sparse rows as CSR. Their structure (sorted, distinct, in range, paired with values) is
-    checked here, row by row: a CSR matrix cannot say how the client sent it."""
-    indptr = np.zeros(len(vectors) + 1, dtype=np.int64)
-    cols, data = [], []
-    for i, v in enumerate(vectors):
-        try:
-            idx, val = check_sparse(v.indices, v.values, dim, field="indices")
-        except VectorError as exc:
-            raise type(exc)(f"vectors[{i}].{exc.field}", exc.reason) from None
-        cols.append(idx)
-        data.append(val)
-        indptr[i + 1] = indptr[i] + idx.size
-    return sp.csr_matrix((np.concatenate(data), np.concatenate(cols), indptr), shape=(len(vectors), dim))
-
-
-def _merged(parts: list[tuple[list[int], RecordBatch]], n: int) -> RecordBatch:
-    """Prepared batches of some rows each, as one batch in request order (ids repeated in a
-    request: the last one wins, as the client wrote them)."""
-    if len(parts) == 1:
-        return parts[0][1]
-    first = parts[0][1]
-    ids: list[str] = [""] * n
-    blobs: list[bytes] = [b""] * n
-    sketches = np.empty((n, *first.sketches.shape[1:]), first.sketches.dtype)
-    nrff = np.empty((n, *first.nrff.shape[1:]), first.nrff.dtype) if first.nrff is not None else None
-    meta: list[bytes | None] | None = [None] * n if any(b.meta is not None for _, b in parts) else None
-    for at, b in parts:
-        for j, i in enumerate(at):
-            ids[i], blobs[i] = b.ids[j], b.vectors[j]
-            if meta is not None and b.meta is not None:
-                meta[i] = b.meta[j]
-        sketches[at] = b.sketches
-        if nrff is not None:
-            nrff[at] = b.nrff
-    return RecordBatch(ids=ids, vectors=blobs, sketches=sketches, nrff=nrff, meta=meta)
 
 
 def _check_metadata(meta: dict, limit: int, field: str) -> None:

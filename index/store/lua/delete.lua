@@ -1,24 +1,17 @@
 -- Retire ids of one id shard, atomically: their records go, their iids join the feed.
 -- KEYS: ids, seq, live, dead, ndead (all of the shard, one hash tag)
--- ARGV: S, s, chunk_big, chunk_small, key prefix of the shard, '1' if each name is followed by
--- the iid it must still have (else '0'), then the names
+-- ARGV: the three of shard.lua, the shard's key prefix, '1' if each name is followed by the
+-- iid it must still have (else '0'), then the names
 -- Returns how many of the names existed (with the iid expected, if given).
-local S, CB, CS, TAG = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local EXPECT = ARGV[6] == '1'
+local TAG, EXPECT = ARGV[4], ARGV[5] == '1'
 local step = 1
 if EXPECT then step = 2 end
 local removed = 0
-for j = 7, #ARGV, step do
+for j = 6, #ARGV, step do
   local old = redis.call('HGET', KEYS[1], ARGV[j])
   if old and (not EXPECT or tonumber(old) == tonumber(ARGV[j + 1])) then
-    local seq = math.floor(tonumber(old) / S)
-    for _, fam in ipairs({'n', 'v', 'k', 'f', 'm'}) do
-      local c = CB
-      if fam == 'n' or fam == 'm' then c = CS end
-      redis.call('HDEL', TAG .. fam .. ':' .. math.floor(seq / c), tostring(seq % c))
-    end
+    retire(TAG, KEYS[4], old)
     redis.call('HDEL', KEYS[1], ARGV[j])
-    redis.call('RPUSH', KEYS[4], old)
     removed = removed + 1
   end
 end

@@ -2,14 +2,12 @@
 -- allocate a fresh iid, write the record's fields and point the id at it.
 -- KEYS: per shard, in the order of the sections below: ids, seq, live, dead, ndead (one hash tag
 --       each; on a Cluster a call holds one shard)
--- ARGV: S, chunk_big, chunk_small, then one section per shard: s, key prefix of the shard, the
+-- ARGV: the three of shard.lua, then one section per shard: s, key prefix of the shard, the
 --       number m of its records, then 5 per record: name, vector, sketch, nrff ('' = none),
 --       meta ('' = none)
 -- Returns how many of the names held a vector before (were replaced).
 -- One call is all or nothing, a full Redis included: under maxmemory with noeviction, Redis
 -- refuses a script's first write that needs memory, and lets a script that has written go on.
-local S, CB, CS = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local FAMILIES = {'n', 'v', 'k', 'f', 'm'}
 local function hset(key, kv)  -- in slices: unpack() is bounded by Lua's C stack
   for i = 1, #kv, 4000 do redis.call('HSET', key, unpack(kv, i, math.min(i + 3999, #kv))) end
 end
@@ -29,15 +27,10 @@ end
 local replaced = 0
 for _, sec in ipairs(sections) do
   local TAG, K = sec.tag, sec.keys
-  local function loc(seq, fam)
-    local c = CB
-    if fam == 'n' or fam == 'm' then c = CS end
-    return TAG .. fam .. ':' .. math.floor(seq / c), tostring(seq % c)
-  end
   local staged, order = {}, {}
   local function put(seq, fam, blob)
     if blob == '' then return end
-    local k, f = loc(seq, fam)
+    local k, f = loc(TAG, seq, fam)
     local t = staged[k]
     if not t then t = {}; staged[k] = t; order[#order + 1] = k end
     t[#t + 1] = f; t[#t + 1] = blob
@@ -48,12 +41,7 @@ for _, sec in ipairs(sections) do
     local name = ARGV[r]
     local old = redis.call('HGET', KEYS[K + 1], name)
     if old then
-      local oseq = math.floor(tonumber(old) / S)
-      for _, fam in ipairs(FAMILIES) do
-        local k, f = loc(oseq, fam)
-        redis.call('HDEL', k, f)
-      end
-      redis.call('RPUSH', KEYS[K + 4], old)
+      retire(TAG, KEYS[K + 4], old)
       retired = retired + 1
     else
       added = added + 1

@@ -1,0 +1,57 @@
+"""Where an index lives: an LMDB directory, or a Redis URL and a key prefix.
+
+The one place that says which locations are Redis, the prefix a Redis index takes unless told,
+and how a Redis URL's password is kept out of logs, messages and answers. It imports nothing
+but the standard library, so the command line and the settings use it without loading Redis.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+#: URL schemes that name a Redis server (anything else is an LMDB directory).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+#: The key prefix naming an index inside Redis when none is given.
+DEFAULT_PREFIX = "gmmlsh"
+
+
+def is_redis(location: object) -> bool:
+    """Whether a location names a Redis server rather than an LMDB directory."""
+    return str(location).startswith(REDIS_SCHEMES)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe for logs, errors and /stats)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    except ValueError:
+        return "<unparseable redis url>"
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` with the password of the Redis ``url`` (as given, and URL-decoded) replaced by
+    ``***``; an unparseable URL is replaced whole. No URL: ``text`` as it is."""
+    if not url:
+        return text
+    try:
+        pw = urlsplit(url).password
+    except ValueError:
+        return text.replace(url, "<redis url>")
+    for secret in sorted({pw, unquote(pw)} if pw else (), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def describe(location: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """A location fit for logs and messages: ``DIR (LMDB)`` or ``URL prefix 'P' (Redis)``, the
+    password masked."""
+    if not is_redis(location):
+        return f"{location} (LMDB)"
+    return f"{mask_url(location)} prefix {prefix!r} (Redis)"
