@@ -55,14 +55,14 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from numba import njit, prange  # noqa: E402
+from numba import njit  # noqa: E402
 
 from bench.common import DATA  # noqa: E402
-from gmmlsh.core import codes, gcws, nrff  # noqa: E402
+from gmmlsh.core import codes, gcws, nrff, parallel  # noqa: E402
 from gmmlsh.core.codes import WORD, bit_planes  # noqa: E402
 from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms  # noqa: E402
 from gmmlsh.core.intrinsics import popcount  # noqa: E402
-from gmmlsh.core.parallel import PARALLEL_LOCK  # noqa: E402
+from gmmlsh.core.parallel import spread  # noqa: E402
 from gmmlsh.index.config import IndexConfig  # noqa: E402
 from gmmlsh.index.index import Index  # noqa: E402
 
@@ -108,7 +108,7 @@ class Settings:
     nrff_queries: int
     exact_queries: int
     peer_eps: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2)
-    threads: int = field(default_factory=numba.get_num_threads)
+    threads: int = field(default_factory=parallel.threads)
 
     @classmethod
     def make(cls, quick: bool, n: int | None, queries: int | None, peer: bool, knn_queries: int | None = None
@@ -234,8 +234,8 @@ def load_file(path: Path, *, n: int | None, queries: int, npz_key: str | None = 
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """Queries are timed on one thread: numba kernels and BLAS alike."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
+    before = parallel.threads()
+    parallel.set_threads(1)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn (pynndescent)
@@ -246,7 +246,7 @@ def single_thread() -> Iterator[None]:
         with limits:
             yield
     finally:
-        numba.set_num_threads(before)
+        parallel.set_threads(before)
 
 
 def _top_rows(S: np.ndarray, k: int, largest: bool = True) -> np.ndarray:
@@ -649,12 +649,12 @@ def nrff_neighbours(ds: Dataset, kk: int, C: int = 200) -> np.ndarray:
     return np.array(out)
 
 
-@njit(nogil=True, parallel=True, cache=True)
+@njit(nogil=True, cache=True)
 def _prefix_agreement(Qp, Xp, bits, ks, out):
     """out[a, s, r] = samples among the first ks[s] on which the low ``bits`` bits of query a and row r
     agree (rows of bit planes as :func:`gmmlsh.core.codes.bit_planes` lays them out; ``ks`` ascending)."""
     words = Xp.shape[1] // bits
-    for r in prange(Xp.shape[0]):
+    for r in range(Xp.shape[0]):
         x = Xp[r]
         for a in range(Qp.shape[0]):
             q = Qp[a]
@@ -730,8 +730,8 @@ def samples_to_recall(ds: Dataset, truth: Truth, st: Settings, log: Callable[[st
             buf = np.empty((step, len(ks), n), dtype=np.uint16)
             for lo in range(0, nq, step):
                 hi = min(nq, lo + step)
-                with PARALLEL_LOCK:
-                    _prefix_agreement(Qp[lo:hi], Xp, b, ks_arr, buf[: hi - lo])
+                spread(lambda a, z, lo=lo, hi=hi, Xp=Xp, Qp=Qp, b=b: _prefix_agreement(
+                    Qp[lo:hi], Xp[a:z], b, ks_arr, buf[: hi - lo, :, a:z]), n, (hi - lo) * n * 64)
                 jitter = rng.random((hi - lo, n), dtype=np.float32)  # random tie-break of integer counts
                 yield lo, hi, [buf[: hi - lo, i].astype(np.float32) + jitter for i in range(len(ks))]
 
@@ -988,7 +988,7 @@ def _machine() -> dict:
                 commit += " + uncommitted changes"
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu, "cores": os.cpu_count(),
-            "numba_threads": numba.get_num_threads(), "python": platform.python_version(),
+            "numba_threads": parallel.threads(), "python": platform.python_version(),
             "numpy": np.__version__, "numba": numba.__version__, "commit": commit, "load_at_start": list(load)}
 
 
