@@ -1,11 +1,12 @@
 """How gmmlsh scales: queries/s, recall, build and memory against n, beside pynndescent.
 
-    python -m bench.bench_scale [--sizes 60000,240000,1000000] [--backends lmdb,redis]
+    python -m bench.bench_scale [--shape fashion] [--sizes 60000,240000,1000000] [--backends lmdb,redis]
                                 [--queries 1000] [--rounds 3] [--no-peer] [--memory]
                                 [--out bench/out/scale.md] [--plot docs/scale.png]
 
-Data: Fashion-MNIST grown to each n by :mod:`bench.scale_data` (shifted, rescaled
-copies); queries: the first test images; truth: exact GMM. For each n and backend:
+Data: a shape of the data zoo (:mod:`bench.zoo`: ``fashion``, Fashion-MNIST grown by shifted,
+rescaled copies; ``strokes``, ``text``, ``signed``) grown to each n; queries: its held-out ones;
+truth: exact GMM (compared by similarity: text has ties). For each n and backend:
 
 * ``gmmlsh build`` of the whole file, timed as a command (process start included);
 * recall@10 of the index as the build left it (tuned on stored vectors), before it serves anything;
@@ -16,10 +17,10 @@ copies); queries: the first test images; truth: exact GMM. For each n and backen
 * with ``--memory`` (LMDB, largest n): PSS and USS of ``gmmlsh serve`` with one and with
   two workers, each warmed by queries over HTTP.
 
-pynndescent (numba GMM metric, ``n_neighbors=30``) is built on the same rows (2 threads)
-and queried on one thread at several ε; its rounds alternate with gmmlsh's, so both see
-the same machine. Its queries run as one batched call (its own API, its best case);
-gmmlsh's ``query_batch`` on one thread is shown beside it.
+pynndescent (numba GMM metric, ``n_neighbors=30``, dense rows: sparse shapes densified) is
+built on the same rows (2 threads) and queried on one thread at several ε; its rounds alternate
+with gmmlsh's, so both see the same machine. Its queries run as one batched call (its own API,
+its best case); gmmlsh's ``query_batch`` on one thread is shown beside it.
 """
 
 from __future__ import annotations
@@ -34,25 +35,35 @@ import time
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
-from bench import scale_data
+from bench import zoo
 from bench.common import build_index, emit, gmm_distance, serve, start_redis, store_args
 from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
-WARM_QUERIES = 200  # served before timing, from test images 5,000+ (never timed)
+WARM_QUERIES = 200  # served before timing, held-out queries after the timed ones (never timed)
 PEER_EPS = (0.02, 0.05, 0.1, 0.2)
 
 
-def _recall(found: list[list[str]], truth: np.ndarray) -> float:
-    return float(np.mean([len({int(i) for i in f} & set(t.tolist())) / truth.shape[1]
-                          for f, t in zip(found, truth, strict=True)]))
+def _recall(found: list[list[float]], truth: np.ndarray) -> float:
+    """Recall@10 by similarity: a neighbour counts when it reaches the true 10th (ties count)."""
+    tenth = truth[:, -1]
+    return float(np.mean([min(10, sum(s >= t - 1e-9 for s in f)) / 10 for f, t in zip(found, tenth, strict=True)]))
 
 
-def build(n: int, backend: str, workdir: Path, redis_url: str | None) -> tuple[dict, dict]:
+def _sims(results) -> list[list[float]]:
+    return [[nb.similarity for nb in r.neighbors] for r in results]
+
+
+def _rows(Q, i: int):
+    return Q[i] if not sp.issparse(Q) else Q[i:i + 1]
+
+
+def build(shape: zoo.Shape, n: int, backend: str, workdir: Path, redis_url: str | None) -> tuple[dict, dict]:
     """``gmmlsh build`` of the first n rows; returns (how to open the index, the build's summary)."""
-    src = scale_data.data_path(n)
-    scale_data.data(n)
+    shape.data(n)
+    src = shape.path(n)
     if backend == "lmdb":
         shutil.rmtree(workdir / f"lmdb-{n}", ignore_errors=True)
         opened = {"location": str(workdir / f"lmdb-{n}")}
@@ -61,25 +72,25 @@ def build(n: int, backend: str, workdir: Path, redis_url: str | None) -> tuple[d
     return opened, build_index(src, store_args(**opened))
 
 
-def gmmlsh_round(ix: Index, Q: np.ndarray, truth: np.ndarray) -> tuple[float, float, float]:
+def gmmlsh_round(ix: Index, Q, truth: np.ndarray) -> tuple[float, float, float]:
     """(queries/s one per call, recall@10, mean rows scored exactly)."""
+    qs = [_rows(Q, i) for i in range(Q.shape[0])]
     t = time.perf_counter()
-    res = [ix.query(q, k=10) for q in Q]
+    res = [ix.query(q, k=10) for q in qs]
     dt = time.perf_counter() - t
-    return len(Q) / dt, _recall([[n.id for n in r.neighbors] for r in res], truth), \
-        float(np.mean([r.candidates for r in res]))
+    return len(qs) / dt, _recall(_sims(res), truth), float(np.mean([r.candidates for r in res]))
 
 
-def gmmlsh_batched(ix: Index, Q: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
+def gmmlsh_batched(ix: Index, Q, truth: np.ndarray) -> tuple[float, float]:
     t = time.perf_counter()
     res = ix.query_batch(Q, k=10)
     dt = time.perf_counter() - t
-    return len(Q) / dt, _recall([[n.id for n in r.neighbors] for r in res], truth)
+    return Q.shape[0] / dt, _recall(_sims(res), truth)
 
 
-def inserts(ix: Index, n: int, batches: int = 5, size: int = 1000) -> float:
+def inserts(ix: Index, shape: zoo.Shape, n: int, batches: int = 5, size: int = 1000) -> float:
     """Vectors/s of upserts in batches of ``size`` into the built index (new ids)."""
-    X = scale_data.extra(batches * size, n)
+    X = shape.grown.rows(n, n + batches * size)
     t = time.perf_counter()
     for b in range(batches):
         ix.upsert([f"new{n}-{b * size + i}" for i in range(size)], X[b * size:(b + 1) * size])
@@ -89,7 +100,7 @@ def inserts(ix: Index, n: int, batches: int = 5, size: int = 1000) -> float:
 
 
 def peer(X: np.ndarray):
-    """pynndescent on ``X`` with a numba GMM metric; returns (index, build seconds)."""
+    """pynndescent on ``X`` (dense) with a numba GMM metric; returns (index, build seconds)."""
     from pynndescent import NNDescent
 
     parallel.set_threads(2)
@@ -105,9 +116,9 @@ def peer(X: np.ndarray):
 
 def peer_round(nnd, Q: np.ndarray, truth: np.ndarray, eps: float) -> tuple[float, float]:
     t = time.perf_counter()
-    idx, _ = nnd.query(Q, k=10, epsilon=eps)
+    _, dist = nnd.query(Q, k=10, epsilon=eps)
     dt = time.perf_counter() - t
-    return len(Q) / dt, _recall([[str(i) for i in row] for row in idx], truth)
+    return len(Q) / dt, _recall((1.0 - dist).tolist(), truth)
 
 
 def _smaps(pid: int) -> tuple[int, int]:
@@ -135,7 +146,7 @@ def serve_memory(location: str, workers: int, Q: np.ndarray) -> dict:
     proc, url = serve(location, workers, env={"GMMLSH_THREADS": "1"})
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
-            for q in Q[:400]:  # spread over the workers by the kernel's accept queue
+            for q in (Q[:400].toarray() if sp.issparse(Q) else Q[:400]):  # spread over the workers by the accept queue
                 c.post("/neighbors/search", json={"values": q.tolist(), "k": 10}).raise_for_status()
         pids = [proc.pid, *_children(proc.pid)]
         pss = uss = 0
@@ -152,35 +163,37 @@ def run(args) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="gmmlsh-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
-    Q = scale_data.queries(args.queries)
-    warm = np.load(scale_data.DATA / "fashion-mnist.npz")["test"][5000:5000 + WARM_QUERIES].astype(np.float32)
-    results: dict = {"sizes": {}, "queries": args.queries, "rounds": args.rounds}
+    shape = zoo.SHAPES[args.shape]
+    nq = min(args.queries, shape.held_out - WARM_QUERIES)
+    Q = shape.queries(nq, 0)
+    warm = shape.queries(WARM_QUERIES, nq)
+    results: dict = {"shape": shape.name, "sizes": {}, "queries": nq, "rounds": args.rounds}
     redis_proc = None
     try:
         for n in sizes:
             # A fresh redis-server for each size: at 1M the machine's 24 GB hold two mirrors, Redis'
             # copy and pynndescent's, and the smaller sizes' records would only crowd them.
             redis_proc, redis_url = (start_redis(workdir) if "redis" in args.backends else (None, None))
-            truth = scale_data.truth(n, args.queries)
+            truth = zoo.truth(shape, n, nq)[1]
             entry: dict = {"gmmlsh": {}, "peer": None}
             results["sizes"][n] = entry
             for backend in args.backends.split(","):
                 parallel.set_threads(2)
-                opened, summary = build(n, backend, workdir, redis_url)
+                opened, summary = build(shape, n, backend, workdir, redis_url)
                 with Index.open(**opened, maintain=False) as built:  # as the build left it (its served
                     at_build = gmmlsh_batched(built, Q, truth)[1]    # queries go with it)
                 ix = Index.open(**opened, maintain=False)  # the search stays fixed while timed
-                for q in warm:  # served queries, then what the server's upkeep does with them: re-tune
-                    ix.query(q, k=10)
+                for i in range(warm.shape[0]):  # served queries, then what the server's upkeep does: re-tune
+                    ix.query(_rows(warm, i), k=10)
                 upkeep = ix.maintain()
                 parallel.set_threads(1)
                 ix.warm()
-                for q in Q[:100]:
-                    ix.query(q, k=10)
+                for i in range(100):
+                    ix.query(_rows(Q, i), k=10)
                 entry["gmmlsh"][backend] = {
                     "build_s": summary["command_seconds"], "build_rate": n / summary["command_seconds"],
-                    "tuned_at_build": summary["upkeep"].get("tuned"), "recall_at_build": at_build,
-                    "retuned": upkeep.get("tuned"),
+                    "tuned_at_build": (summary["upkeep"].get("tune") or [None])[-1], "recall_at_build": at_build,
+                    "retuned": (upkeep.get("tune") or [None])[-1],
                     "search": ix.stats()["search"], "rounds": [],
                     "disk_bytes": ix.stats()["mirror"]["disk_bytes"], "store": ix.stats()["store"]}
                 entry["gmmlsh"][backend]["ix"] = ix
@@ -188,7 +201,8 @@ def run(args) -> dict:
                       f"{entry['gmmlsh'][backend]['search']}", flush=True)
             nnd = None
             if args.peer:
-                X = np.ascontiguousarray(scale_data.data(n))
+                X = shape.data(n)
+                X = np.ascontiguousarray(X.toarray() if sp.issparse(X) else X)
                 nnd, peer_s = peer(X)
                 entry["peer"] = {"build_s": peer_s, "rounds": {eps: [] for eps in PEER_EPS}}
                 del X
@@ -198,16 +212,17 @@ def run(args) -> dict:
                 gmmlsh_round(g["ix"], Q, truth)
             gc.collect()  # the timed rounds' garbage is collected in the harness's heap
             gc.freeze()
+            Qd = Q.toarray() if sp.issparse(Q) else Q
             for _ in range(args.rounds):  # alternating: every method sees the same minutes of the machine
                 for g in entry["gmmlsh"].values():
                     g["rounds"].append(gmmlsh_round(g["ix"], Q, truth))
                     g.setdefault("batched", []).append(gmmlsh_batched(g["ix"], Q, truth))
                 if nnd is not None:
                     for eps in PEER_EPS:
-                        entry["peer"]["rounds"][eps].append(peer_round(nnd, Q, truth, eps))
+                        entry["peer"]["rounds"][eps].append(peer_round(nnd, Qd, truth, eps))
             for g in entry["gmmlsh"].values():  # inserts last: they leave the index's lists with a tail
                 ix = g.pop("ix")
-                g["inserts_per_s"] = inserts(ix, n)
+                g["inserts_per_s"] = inserts(ix, shape, n)
                 ix.close()
             del nnd
             if redis_proc is not None:
@@ -285,7 +300,7 @@ def plot(res: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("vectors in the index (n)")
     ax.set_ylabel("queries/s, one thread")
-    ax.set_title("Fashion-MNIST grown by shifted, rescaled copies")
+    ax.set_title(f"{res.get('shape', 'fashion')}: the zoo shape grown to n")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -295,6 +310,7 @@ def plot(res: dict, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(zoo.SHAPES), default="fashion")
     p.add_argument("--sizes", default="60000,240000,1000000")
     p.add_argument("--backends", default="lmdb,redis")
     p.add_argument("--queries", type=int, default=1000)

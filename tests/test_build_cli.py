@@ -28,6 +28,7 @@ import scipy.sparse as sp
 from redis_fixtures import redis_url  # noqa: F401  (session fixture)
 
 from gmmlsh.core.validate import VectorError
+from gmmlsh.index import tuner
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.ingest.build import build, invalid_rows
@@ -256,12 +257,12 @@ def test_build_tunes_on_sample_queries_refusing_bad_ones_before_writing(tmp_path
     one the index could not take, stop the command before it creates anything."""
     X, Q = fmnist[0][:2000], fmnist[2][:150].astype(np.float32)
     bad = Q.copy()
-    bad[140, 3] = np.nan
+    bad[100, 3] = np.nan
     np.save(tmp_path / "x.npy", X)
     np.savez(tmp_path / "q.npz", few=Q[:10], bad=bad, queries=Q)
     idx = tmp_path / "idx"
     for key, says in (("few", "10 rows: tuning needs at least 128 sample queries"),
-                      ("bad", "queries[140]: values must be finite")):
+                      ("bad", "queries[100]: values must be finite")):
         code, _, err = cli(capsys, "build", tmp_path / "x.npy", "--index", idx, "--tune-queries", tmp_path / "q.npz",
                            "--tune-queries-key", key, "--no-progress")
         assert code == 2 and f"--tune-queries {tmp_path / 'q.npz'}: " in err and says in err, err
@@ -270,9 +271,10 @@ def test_build_tunes_on_sample_queries_refusing_bad_ones_before_writing(tmp_path
                          "--tune-queries-key", "queries", "--no-progress", "--json")
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["upkeep"]["tune"][-1]["sample"] == "150 queries" and summary["search"]["tuned_on"] == "queries"
+    assert summary["upkeep"]["tune"][-1]["sample"] == f"{tuner.MAX_QUERIES} queries"  # the first of the 150
+    assert summary["search"]["tuned_on"] == "queries"
     with Index.open(str(idx), None, create=False, maintain=False) as ix:  # the Python API: the same check
-        with pytest.raises(VectorError, match=r"queries\[140\]"):
+        with pytest.raises(VectorError, match=r"queries\[100\]"):
             ix.maintain(queries=bad)
         assert ix.stats()["search"] == summary["search"]
 

@@ -278,7 +278,7 @@ def test_search_body_single_and_batch(server, loaded, data):
 def test_binary_body_matches_json(server, loaded, data):
     """Dense queries as raw little-endian float32 (one or many rows), the knobs in the query string:
     the same answers as the index; a body that is not whole rows, or holds a bad row, is a 422
-    naming it, and more rows than max_batch a 413."""
+    naming it, and more rows than max_batch a 413; knobs in the query string beside a JSON body a 422."""
     _, _, Q = data
     raw = Q.astype("<f4")
     octets = {"Content-Type": "application/octet-stream"}
@@ -306,6 +306,10 @@ def test_binary_body_matches_json(server, loaded, data):
             r = c.post("/neighbors/search", params=params, content=body, headers=octets)
             assert r.status_code == status, r.text
             assert r.json()["error"]["field"] == field, r.text
+        # the query string's knobs are the binary body's: beside a JSON body they are refused, not ignored
+        for params, field in [({"probes": "AAA"}, "probes"), ({"k": 5}, "k")]:
+            r = c.post("/neighbors/search", params=params, json={"values": Q[0].tolist()})
+            assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
 
 
 def test_concurrent_single_queries_answered_alone_or_together(server, loaded, data):

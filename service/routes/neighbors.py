@@ -139,11 +139,11 @@ async def post_search(request: Request) -> Response:
     """``POST /neighbors/search``: a JSON body (one query or a batch) or a binary one."""
     settings: Settings = request.app.state.settings
     body = await request.body()
+    try:
+        params = UrlParams.model_validate(url_params(request))
+    except ValidationError as exc:
+        raise RequestValidationError(located(exc, "query")) from None
     if request.headers.get("content-type", "").split(";")[0].strip().lower() == BINARY:
-        try:
-            params = UrlParams.model_validate(url_params(request))
-        except ValidationError as exc:
-            raise RequestValidationError(located(exc, "query")) from None
         knobs = url_knobs(settings, params)
         async with held_index(request) as index:
             X = binary_queries(body, index.config.dim, settings.max_batch)
@@ -152,6 +152,10 @@ async def post_search(request: Request) -> Response:
                 return _json(b'{"results":[' + one + b"]}")
             out = await run_in_threadpool(_batch_results, request, index, X, knobs)
             return _json(out)
+    given = params.model_fields_set
+    if given:
+        raise ApiError(422, "knobs in the query string go with a binary body; a JSON body carries its own",
+                       field=sorted(given)[0])
     parsed = parse_search(body) if len(body) <= _PARSE_INLINE else await run_in_threadpool(parse_search, body)
     query, vectors = parsed
     async with held_index(request) as index:
