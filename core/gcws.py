@@ -17,7 +17,7 @@ samples as one contiguous run (16 bytes a sample: 12 MB for 784 dimensions and
 k = 480, which stays in cache between queries); one step updates 32 samples'
 minima with explicit vector code (:mod:`core.lane_step`: numba's own loop
 re-checked array overlaps on every step); and rows are spread over threads
-with ``prange``. The constants are computed in float64 and rounded to
+with :func:`core.parallel.spread`. The constants are computed in float64 and rounded to
 float32 once, when they are made; the sampling arithmetic is float64 on every
 path (DESIGN §1), so the table and the table-free path are bit-identical. Dense rows
 with many nonzeros, when only i* is wanted, take the sorted walk of
