@@ -26,7 +26,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from gmmlsh.core import gcws
+from gmmlsh.core import gcws, parallel
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_many, gmm_matrix, l1_norms
 from gmmlsh.core.nrff import features
@@ -89,12 +89,12 @@ def best_time(fn: Callable[[], object], repeat: int) -> float:
 
 
 def with_threads(n: int, fn: Callable[[], object]) -> object:
-    before = numba.get_num_threads()
-    numba.set_num_threads(n)
+    before = parallel.threads()
+    parallel.set_threads(n)
     try:
         return fn()
     finally:
-        numba.set_num_threads(before)
+        parallel.set_threads(before)
 
 
 def thread_counts() -> list[int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import DATA, emit
+from gmmlsh.core import parallel
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,9 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", choices=("lmdb", "redis"), default="lmdb")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    import numba
 
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     from gmmlsh.core.gmm import gmm_many
     from gmmlsh.index.config import IndexConfig
     from gmmlsh.index.index import Index

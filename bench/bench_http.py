@@ -37,13 +37,13 @@ import time
 from pathlib import Path
 
 import httpx
-import numba
 import numpy as np
 import orjson
 
 from bench import scale_data
 from bench.common import emit, free_port
 from bench.loadgen import request_bytes, write_requests
+from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
 BATCH = 100
@@ -72,14 +72,14 @@ def in_process(index: Path, Q: np.ndarray, n: int) -> dict[str, tuple[float, flo
     ids = [str(i) for i in rng.integers(0, n, len(Q))]
     with Index.open(index, create=False, maintain=False) as ix:
         ix.warm()
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)  # one query at a time runs serial kernels anyway; the lane runs them too
+        threads = parallel.threads()
+        parallel.set_threads(1)  # one query at a time runs serial kernels anyway; the lane runs them too
         calls = {"id": lambda: [ix.query(id=i, k=10) for i in ids],
                  "vector": lambda: [ix.query(q, k=10) for q in Q]}
         for name, call in calls.items():
             call()
             out[name] = _timed(call, len(Q))
-        numba.set_num_threads(threads)
+        parallel.set_threads(threads)
         batch = lambda: [ix.query_batch(Q[lo:lo + BATCH], k=10) for lo in range(0, len(Q), BATCH)]  # noqa: E731
         batch()
         out["batch"] = _timed(batch, len(Q))

@@ -39,12 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
 from bench import sparse_data
 from bench.common import DATA, build_index, emit
+from gmmlsh.core import parallel
 from gmmlsh.index import monitor, tuner
 from gmmlsh.index.config import SearchParams
 from gmmlsh.index.index import Index
@@ -317,7 +317,7 @@ def main() -> None:
     p.add_argument("--arms", default="fashion,brown", help="fashion, brown or both")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     rng = np.random.default_rng(34)
     workdir = Path(tempfile.mkdtemp(prefix="gmmlsh-monitor-"))
     try:

@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 import redis
 
 from bench.common import DATA, emit, recall_at, start_redis
+from gmmlsh.core import parallel
 from gmmlsh.core.gmm import gmm_matrix, l1_norms
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
@@ -41,7 +41,7 @@ def used_memory(url: str) -> int:
 
 def bulk_load(location: str, npy: Path, **opts) -> float:
     """Vectors/s of ``gmmlsh build``'s path into a fresh index: chunks of 1,000 from ``npy``."""
-    numba.set_num_threads(2)
+    parallel.set_threads(2)
     with Index.open(location, IndexConfig(dim=784), **opts) as ix:
         ix.upsert(["warm"], np.ones((1, 784), np.float32))  # compile and load scripts outside the timing
         ix.delete(["warm"])
@@ -52,7 +52,7 @@ def bulk_load(location: str, npy: Path, **opts) -> float:
 def measure(location: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, **opts) -> dict:
     n = X.shape[0]
     out = {}
-    numba.set_num_threads(2)
+    parallel.set_threads(2)
     with Index.open(location, IndexConfig(dim=784), **opts) as ix:
         t = time.perf_counter()
         for lo in range(0, n, 1000):
@@ -61,7 +61,7 @@ def measure(location: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, **op
         t = time.perf_counter()
         ix.maintain()  # lists and tuning: a server's background upkeep, timed apart
         out["upkeep_s"] = time.perf_counter() - t
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     opts = {**opts, "maintain": False}  # the search stays fixed while timed
     with Index.open(location, **opts) as ix:  # a fresh reader, like a new replica
         t = time.perf_counter()
@@ -139,7 +139,7 @@ def ours(url: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, prefix: str)
     single deletes of 200 extra vectors in the loaded index."""
     out = {}
     before = used_memory(url)
-    numba.set_num_threads(2)
+    parallel.set_threads(2)
     with Index.open(url, IndexConfig(dim=784), prefix=prefix) as ix:
         ix.upsert(["warm"], X[:1])  # compile and load the scripts outside the timing
         ix.delete(["warm"])
@@ -151,7 +151,7 @@ def ours(url: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, prefix: str)
         ix.maintain()  # lists and tuning: a server's background upkeep, timed apart
         out["upkeep_s"] = time.perf_counter() - t
     out["mem"] = (used_memory(url) - before) / X.shape[0]
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     with Index.open(url, prefix=prefix, maintain=False) as ix:
         ix.warm()
         t = time.perf_counter()

@@ -34,12 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
 from bench import zoo
 from bench.common import build_index, emit, gmm_distance, serve, start_redis, store_args
+from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
 WARM_QUERIES = 200  # served before timing, held-out queries after the timed ones (never timed)
@@ -103,13 +103,13 @@ def peer(X: np.ndarray):
     """pynndescent on ``X`` (dense) with a numba GMM metric; returns (index, build seconds)."""
     from pynndescent import NNDescent
 
-    numba.set_num_threads(2)
+    parallel.set_threads(2)
     NNDescent(np.ascontiguousarray(X[:2000]), metric=gmm_distance, n_neighbors=30, random_state=0).prepare()
     t = time.perf_counter()
     nnd = NNDescent(X, metric=gmm_distance, n_neighbors=30, random_state=0, n_jobs=2, low_memory=True)
     nnd.prepare()
     seconds = time.perf_counter() - t
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     nnd.query(X[:10], k=10)
     return nnd, seconds
 
@@ -178,7 +178,7 @@ def run(args) -> dict:
             entry: dict = {"gmmlsh": {}, "peer": None}
             results["sizes"][n] = entry
             for backend in args.backends.split(","):
-                numba.set_num_threads(2)
+                parallel.set_threads(2)
                 opened, summary = build(shape, n, backend, workdir, redis_url)
                 with Index.open(**opened, maintain=False) as built:  # as the build left it (its served
                     at_build = gmmlsh_batched(built, Q, truth)[1]    # queries go with it)
@@ -186,7 +186,7 @@ def run(args) -> dict:
                 for i in range(warm.shape[0]):  # served queries, then what the server's upkeep does: re-tune
                     ix.query(_rows(warm, i), k=10)
                 upkeep = ix.maintain()
-                numba.set_num_threads(1)
+                parallel.set_threads(1)
                 ix.warm()
                 for i in range(100):
                     ix.query(_rows(Q, i), k=10)
@@ -206,7 +206,7 @@ def run(args) -> dict:
                 nnd, peer_s = peer(X)
                 entry["peer"] = {"build_s": peer_s, "rounds": {eps: [] for eps in PEER_EPS}}
                 del X
-            numba.set_num_threads(1)
+            parallel.set_threads(1)
             for g in entry["gmmlsh"].values():  # the peer's build may have pushed the mirrors out of the page cache:
                 g["ix"].warm()                  # mapped in again, and one untimed pass over the queries
                 gmmlsh_round(g["ix"], Q, truth)

@@ -28,12 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
 from bench import sparse_data
 from bench.common import emit, serve
+from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
 WARM = 200
@@ -92,7 +92,7 @@ def run_size(n: int, nq: int, workdir: Path, cli: bool = False) -> dict:
     warm = sparse_data.queries(WARM, offset=nq)
     path = workdir / f"brown-{n}"
     shutil.rmtree(path, ignore_errors=True)
-    numba.set_num_threads(2)
+    parallel.set_threads(2)
     t = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", "build", str(sparse_data.data_path(n)),
                           "--index", str(path), "--no-progress", "--json"], capture_output=True, text=True, check=True)
@@ -118,7 +118,7 @@ def run_size(n: int, nq: int, workdir: Path, cli: bool = False) -> dict:
     for i in range(warm.shape[0]):
         ix.query(warm[i], k=10)
     retuned = ix.maintain().get("tuned")
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     ix.warm()
     wide = Index(ix.store, ix.config, ix.mirror_path, search=WIDE_SEARCH, maintain=False)  # same store and mirror
     _timed(ix, Q[:20])

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runs inside each version's interpreter: only the API both versions share.
 _MEASURE = r"""
 import json, sys, time, numpy as np, numba
+from gmmlsh.core import parallel
 try:
     from gmmlsh import Index
 except ImportError:
@@ -40,7 +41,7 @@ path, data, truth, extra = sys.argv[1:5]
 Q = np.load(data)["test"][:1000].astype(np.float32)
 T = np.load(truth)
 X = np.load(extra)
-numba.set_num_threads(1)
+parallel.set_threads(1)
 ix = Index.open(path)
 for q in Q[:200]:
     ix.query(q, k=10)
@@ -49,7 +50,7 @@ t = time.perf_counter()
 res = [ix.query(q, k=10) for q in Q]
 qps = len(Q) / (time.perf_counter() - t)
 rec = float(np.mean([len({int(n.id) for n in r.neighbors} & set(T[i].tolist())) / 10 for i, r in enumerate(res)]))
-numba.set_num_threads(2)
+parallel.set_threads(2)
 t = time.perf_counter()
 for b in range(5):
     ix.upsert([f"x{b}-{i}" for i in range(1000)], X[b * 1000:(b + 1) * 1000])

@@ -17,6 +17,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from gmmlsh.core import parallel
 from gmmlsh.core.gmm import gmm_many, gmm_matrix, l1_norms
 
 #: Sparse rows of at most this dimension are scored dense (a dense block costs 4·dim bytes a row).
@@ -37,7 +38,7 @@ def top_k(Q, parts: Iterable[tuple[np.ndarray, np.ndarray | sp.spmatrix]], k: in
     qn = l1_norms(Qd)
     best_s = np.full((nq, k), -1.0)
     best_i = np.full((nq, k), -1, np.int64)
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    parallel.set_threads(numba.config.NUMBA_NUM_THREADS)
     for ids, X in parts:
         for lo in range(0, X.shape[0], STEP):
             block, bids = X[lo:lo + STEP], np.asarray(ids[lo:lo + STEP], np.int64)

@@ -79,6 +79,7 @@ from bench.report_figures import (  # noqa: E402
 )
 from bench.report_neighbours import knn_correct, nrff_neighbours, samples_needed, samples_to_recall  # noqa: E402
 from bench.report_speed import speed_recall, tuned_label  # noqa: E402
+from gmmlsh.core import parallel  # noqa: E402
 
 # ==================================================================================
 # the report
@@ -104,7 +105,7 @@ def _machine() -> dict:
                 commit += " + uncommitted changes"
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu, "cores": os.cpu_count(),
-            "numba_threads": numba.get_num_threads(), "python": platform.python_version(),
+            "numba_threads": parallel.threads(), "python": platform.python_version(),
             "numpy": np.__version__, "numba": numba.__version__, "commit": commit, "load_at_start": list(load)}
 
 

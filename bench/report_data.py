@@ -11,11 +11,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
 from bench.common import DATA
+from gmmlsh.core import parallel
 from gmmlsh.core.gmm import gmm_many, gmm_matrix, l1_norms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ class Settings:
     nrff_queries: int
     exact_queries: int
     peer_eps: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2)
-    threads: int = field(default_factory=numba.get_num_threads)
+    threads: int = field(default_factory=parallel.threads)
 
     @classmethod
     def make(cls, quick: bool, n: int | None, queries: int | None, peer: bool, knn_queries: int | None = None
@@ -176,8 +176,8 @@ def load_file(path: Path, *, n: int | None, queries: int, npz_key: str | None = 
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """Queries are timed on one thread: numba kernels and BLAS alike."""
-    before = numba.get_num_threads()
-    numba.set_num_threads(1)
+    before = parallel.threads()
+    parallel.set_threads(1)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn (pynndescent)
@@ -188,7 +188,7 @@ def single_thread() -> Iterator[None]:
         with limits:
             yield
     finally:
-        numba.set_num_threads(before)
+        parallel.set_threads(before)
 
 
 def top_rows(S: np.ndarray, k: int, largest: bool = True) -> np.ndarray:

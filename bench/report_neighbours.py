@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from bench.report_data import K_NN, NRFF_GAMMA, NRFF_K, SEED, Dataset, Settings, Truth, top_rows
 from gmmlsh.core import codes, gcws, nrff
 from gmmlsh.core.codes import WORD, bit_planes
 from gmmlsh.core.intrinsics import popcount
-from gmmlsh.core.parallel import PARALLEL_LOCK
+from gmmlsh.core.parallel import spread
 
 # ==================================================================================
 # 3. GMM vs RBF as neighbours: k-NN accuracy, and samples needed for a recall
@@ -70,12 +70,12 @@ def nrff_neighbours(ds: Dataset, kk: int, C: int = 200) -> np.ndarray:
     return np.array(out)
 
 
-@njit(nogil=True, parallel=True, cache=True)
+@njit(nogil=True, cache=True)
 def _prefix_agreement(Qp, Xp, bits, ks, out):
     """out[a, s, r] = samples among the first ks[s] on which the low ``bits`` bits of query a and row r
     agree (rows of bit planes as :func:`gmmlsh.core.codes.bit_planes` lays them out; ``ks`` ascending)."""
     words = Xp.shape[1] // bits
-    for r in prange(Xp.shape[0]):
+    for r in range(Xp.shape[0]):
         x = Xp[r]
         for a in range(Qp.shape[0]):
             q = Qp[a]
@@ -151,8 +151,8 @@ def samples_to_recall(ds: Dataset, truth: Truth, st: Settings, log: Callable[[st
             buf = np.empty((step, len(ks), n), dtype=np.uint16)
             for lo in range(0, nq, step):
                 hi = min(nq, lo + step)
-                with PARALLEL_LOCK:
-                    _prefix_agreement(Qp[lo:hi], Xp, b, ks_arr, buf[: hi - lo])
+                spread(lambda a, z, lo=lo, hi=hi, Xp=Xp, Qp=Qp, b=b: _prefix_agreement(
+                    Qp[lo:hi], Xp[a:z], b, ks_arr, buf[: hi - lo, :, a:z]), n, (hi - lo) * n * 64)
                 jitter = rng.random((hi - lo, n), dtype=np.float32)  # random tie-break of integer counts
                 yield lo, hi, [buf[: hi - lo, i].astype(np.float32) + jitter for i in range(len(ks))]
 

@@ -114,16 +114,6 @@ class Query(NamedTuple):
     exclude: int
 
 
-class Queries(NamedTuple):
-    """A batch of queries: :class:`Query`'s fields stacked, one row a query."""
-
-    planes: np.ndarray  # (m, bits · words) uint64
-    first: np.ndarray  # (m, FIRST_WORDS) uint64
-    dense: np.ndarray  # (m, dim) float64
-    norm: np.ndarray  # (m,) float64
-    exclude: np.ndarray  # (m,) int64
-
-
 class Budget(NamedTuple):
     """How much a sketch search reads (:class:`gmmlsh.index.config.SearchParams`, resolved):
     ``probes`` lists of every segment (all: ≥ their number), the ``shortlist`` best by first-stage

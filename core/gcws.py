@@ -17,7 +17,7 @@ samples as one contiguous run (16 bytes a sample: 12 MB for 784 dimensions and
 k = 480, which stays in cache between queries); one step updates 32 samples'
 minima with explicit vector code (:mod:`core.lane_step`: numba's own loop
 re-checked array overlaps on every step); and rows are spread over threads
-with ``prange``. The constants are computed in float64 and rounded to
+with :func:`core.parallel.spread`. The constants are computed in float64 and rounded to
 float32 once, when they are made; the sampling arithmetic is float64 on every
 path (DESIGN §1), so the table and the table-free path are bit-identical. Dense rows
 with many nonzeros, when only i* is wanted, take the sorted walk of
@@ -33,18 +33,16 @@ import threading
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import njit
 
 from gmmlsh.core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
 from gmmlsh.core.lane_step import broadcast_step
-from gmmlsh.core.parallel import PARALLEL_LOCK, parallel_pays, twin_kernels
+from gmmlsh.core.parallel import spread
 from gmmlsh.core.rng import coord_key, uniform
 from gmmlsh.core.validate import NonFiniteError, ZeroVectorError, check_batch, check_sparse, dense_batch, first_bad_row
 
 #: Samples handled together by the innermost loop (4 AVX-512 registers of float64).
 _JB = 32
-#: Vectors per parallel work item.
-_CHUNK = 64
 #: Most blocks of samples one pass over a vector's nonzeros updates (512 samples:
 #: 16 KB of running minima, in L1); larger k takes several passes.
 _GROUP = 16
@@ -59,8 +57,9 @@ TABLE_BUDGET_BYTES = 64 << 20
 _WALK_MIN = 48
 
 
-def _fill_constants_impl(coords, k, seed):
-    """Per-(coordinate, sample) constants, coordinate-major: (len(coords), ceil(k/_JB), 4, _JB) float32.
+@njit(nogil=True, cache=True)
+def _fill_constants(coords, k, seed, out):
+    """Per-(coordinate, sample) constants into ``out``, coordinate-major: (len(coords), ceil(k/_JB), 4, _JB) float32.
 
     Slot 0 = 1/r, 1 = β, 2 = ln c − r(1 − β), 3 = r, so that
     ``t = ⌊ln ũ · (1/r) + β⌋`` and ``ln a = slot2 − r·t``. Each is computed in
@@ -70,9 +69,8 @@ def _fill_constants_impl(coords, k, seed):
     reported).
     """
     nblk = (k + _JB - 1) // _JB
-    out = np.empty((coords.shape[0], nblk, 4, _JB), dtype=np.float32)
     s = np.uint64(seed)
-    for a in prange(coords.shape[0]):
+    for a in range(coords.shape[0]):
         ck = coord_key(s, np.uint64(coords[a]))
         for j in range(nblk * _JB):
             uj = np.uint64(j)
@@ -85,7 +83,6 @@ def _fill_constants_impl(coords, k, seed):
             out[a, blk, 1, jj] = b
             out[a, blk, 2, jj] = math.log(c) - r * (1.0 - b)
             out[a, blk, 3, jj] = r
-    return out
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -126,16 +123,18 @@ def _minima(nblk):
     return np.empty((min(nblk, _GROUP), 2, _JB))
 
 
-def _sample_split_impl(indptr, rows, coords, logs, table, k, out_i, out_t, want_t):
-    """GCWS of already sign-split rows (CSR over the 2D space), chunks of rows in parallel."""
+@njit(nogil=True, cache=True)
+def _sample_split(indptr, rows, coords, logs, table, k, out_i, out_t, want_t):
+    """GCWS of already sign-split rows (CSR over the 2D space; ``indptr`` may be a slice of a
+    bigger one: its offsets are into ``rows``/``coords``/``logs`` as they are)."""
     n = indptr.shape[0] - 1
-    for ch in prange((n + _CHUNK - 1) // _CHUNK):
-        state = _minima(table.shape[1])
-        for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
-            _sample_vector(v, indptr[v], indptr[v + 1], rows, coords, logs, table, k, state, out_i, out_t, want_t)
+    state = _minima(table.shape[1])
+    for v in range(n):
+        _sample_vector(v, indptr[v], indptr[v + 1], rows, coords, logs, table, k, state, out_i, out_t, want_t)
 
 
-def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
+@njit(nogil=True, cache=True)
+def _sample_dense(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
     """GCWS of dense rows: each row is sign-split into small reused buffers, then sampled.
 
     Splitting a whole batch first would write 16 bytes per nonzero to fresh memory
@@ -146,39 +145,38 @@ def _sample_dense_impl(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t
     """
     n, d = X.shape
     walk = walk_e.shape[0] > 0 and not want_t
-    for ch in prange((n + _CHUNK - 1) // _CHUNK):
-        state = _minima(table.shape[1])
-        coords = np.empty(d, dtype=np.int64)
-        rows = np.empty(d, dtype=np.int64)
-        logs = np.empty(d, dtype=np.float64)
-        lx2 = np.full(2 * d if walk else 0, np.nan)
-        wstate = np.empty((3, _JB))
-        U = np.empty(2)
-        for v in range(ch * _CHUNK, min(n, (ch + 1) * _CHUNK)):
-            p = 0
-            for i in range(d):
-                # Widen first: numba's log of a float32 is a float32, and sketches must not
-                # depend on the input's dtype.
-                x = np.float64(X[v, i])
-                if x != 0.0:
-                    c = 2 * i if x > 0.0 else 2 * i + 1
-                    coords[p] = c
-                    rows[p] = rowmap[c]
-                    logs[p] = math.log(abs(x))
-                    p += 1
-            walk_row = False
-            if walk and p > 0:  # the walk's length grows with the lists it walks, the reference's with p
-                sign_bounds(coords, logs, p, U)
-                walk_row = p * p >= _WALK_MIN * d * ((not np.isnan(U[0])) + (not np.isnan(U[1])))
-            if walk_row:
-                for q in range(p):
-                    lx2[coords[q]] = logs[q]
-                done = walk_vector(lx2, U, walk_e, walk_c, k, out_i[v], wstate)
-                for q in range(p):
-                    lx2[coords[q]] = np.nan
-                if done:
-                    continue
-            _sample_vector(v, 0, p, rows, coords, logs, table, k, state, out_i, out_t, want_t)
+    state = _minima(table.shape[1])
+    coords = np.empty(d, dtype=np.int64)
+    rows = np.empty(d, dtype=np.int64)
+    logs = np.empty(d, dtype=np.float64)
+    lx2 = np.full(2 * d if walk else 0, np.nan)
+    wstate = np.empty((3, _JB))
+    U = np.empty(2)
+    for v in range(n):
+        p = 0
+        for i in range(d):
+            # Widen first: numba's log of a float32 is a float32, and sketches must not
+            # depend on the input's dtype.
+            x = np.float64(X[v, i])
+            if x != 0.0:
+                c = 2 * i if x > 0.0 else 2 * i + 1
+                coords[p] = c
+                rows[p] = rowmap[c]
+                logs[p] = math.log(abs(x))
+                p += 1
+        walk_row = False
+        if walk and p > 0:  # the walk's length grows with the lists it walks, the reference's with p
+            sign_bounds(coords, logs, p, U)
+            walk_row = p * p >= _WALK_MIN * d * ((not np.isnan(U[0])) + (not np.isnan(U[1])))
+        if walk_row:
+            for q in range(p):
+                lx2[coords[q]] = logs[q]
+            done = walk_vector(lx2, U, walk_e, walk_c, k, out_i[v], wstate)
+            for q in range(p):
+                lx2[coords[q]] = np.nan
+            if done:
+                continue
+        _sample_vector(v, 0, p, rows, coords, logs, table, k, state, out_i, out_t, want_t)
 
 
 @njit(nogil=True, cache=True)
@@ -196,10 +194,7 @@ def _dense_coords(X):
     return np.flatnonzero(used)
 
 
-_fill_constants, _fill_constants_serial = twin_kernels(_fill_constants_impl, nogil=True, cache=True)
 _minima = njit(nogil=True, cache=True, inline="always")(_minima)
-_sample_split, _sample_split_serial = twin_kernels(_sample_split_impl, nogil=True, cache=True)
-_sample_dense, _sample_dense_serial = twin_kernels(_sample_dense_impl, nogil=True, cache=True)
 
 
 @njit(nogil=True, cache=True)
@@ -233,8 +228,7 @@ def _split_csr(indptr_in, indices, data):
 @functools.lru_cache(maxsize=4)
 def constant_table(dim2: int, k: int, seed: int) -> np.ndarray:
     """All constants for a 2D-space of ``dim2`` coordinates: built once per process."""
-    with PARALLEL_LOCK:
-        table = _fill_constants(np.arange(dim2, dtype=np.int64), k, np.uint64(seed))
+    table = _compute_constants(np.arange(dim2, dtype=np.int64), k, seed)
     table.setflags(write=False)
     return table
 
@@ -354,10 +348,10 @@ def _coord_cache(dim2: int, k: int, seed: int) -> _CoordCache:
 
 
 def _compute_constants(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
-    if parallel_pays(coords.shape[0] * k * 16):
-        with PARALLEL_LOCK:
-            return _fill_constants(coords, k, np.uint64(seed))
-    return _fill_constants_serial(coords, k, np.uint64(seed))
+    out = np.empty((coords.shape[0], _padded(k) // _JB, 4, _JB), dtype=np.float32)
+    spread(lambda lo, hi: _fill_constants(coords[lo:hi], k, np.uint64(seed), out[lo:hi]), coords.shape[0],
+           coords.shape[0] * k * 16)
+    return out
 
 
 def _direct_table(coords: np.ndarray, dim2: int, k: int, seed: int) -> np.ndarray:
@@ -365,14 +359,6 @@ def _direct_table(coords: np.ndarray, dim2: int, k: int, seed: int) -> np.ndarra
     with _TABLES_LOCK:
         cache = _coord_cache(dim2, k, int(seed))
     return cache.table(coords)
-
-
-def _run(kernel_parallel, kernel_serial, work: int, n: int, *args) -> None:
-    if n > 1 and parallel_pays(work):
-        with PARALLEL_LOCK:
-            kernel_parallel(*args)
-    else:
-        kernel_serial(*args)
 
 
 def sketch(
@@ -416,8 +402,8 @@ def sketch(
             table = _direct_table(used, 2 * dim, k, seed)
             rowmap = np.zeros(2 * dim, dtype=np.int64)
             rowmap[used] = np.arange(used.shape[0])
-        _run(_sample_dense, _sample_dense_serial, data.size * k // 2, n, data, rowmap, table, *walk, k, out_i,
-             out_t, return_t)
+        spread(lambda lo, hi: _sample_dense(data[lo:hi], rowmap, table, *walk, k, out_i[lo:hi],
+                                            out_t[lo:hi] if return_t else out_t, return_t), n, data.size * k // 2)
     else:
         n, dim, indptr, coords, logs = data
         if path == "table":
@@ -425,8 +411,8 @@ def sketch(
         else:
             uniq, rows = np.unique(coords, return_inverse=True)
             table, rows = _direct_table(uniq, 2 * dim, k, seed), rows.astype(np.int64).reshape(-1)
-        _run(_sample_split, _sample_split_serial, coords.shape[0] * k, n, indptr, rows, coords, logs, table, k,
-             out_i, out_t, return_t)
+        spread(lambda lo, hi: _sample_split(indptr[lo:hi + 1], rows, coords, logs, table, k, out_i[lo:hi],
+                                            out_t[lo:hi] if return_t else out_t, return_t), n, coords.shape[0] * k)
     if one:
         out_i, out_t = out_i[0], out_t[0]
     return (out_i, out_t) if return_t else out_i

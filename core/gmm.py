@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import njit
 
 from gmmlsh.core.intrinsics import CACHE_LINE, prefetch
-from gmmlsh.core.parallel import PARALLEL_LOCK, PARALLEL_MIN_WORK, parallel_pays, twin_kernels
+from gmmlsh.core.parallel import spread
 from gmmlsh.core.validate import DimensionError, check_batch, check_dense, check_sparse
 
 #: Sums may be reassociated (that is what lets LLVM vectorise them); inputs are
@@ -105,45 +105,43 @@ def _prefetch_ahead(X, rows, t):
                 prefetch(X, r, i)
 
 
-def _dense_impl(q, qn, X, xn, rows, out):
-    for t in prange(rows.shape[0]):
+@njit(nogil=True, cache=True, fastmath=_FAST)
+def _dense(q, qn, X, xn, rows, out):
+    for t in range(rows.shape[0]):
         _prefetch_ahead(X, rows, t)
         r = rows[t]
         out[t] = _ratio(_dense_row(q, X, r), qn, xn[r])
 
 
-def _sparse_dense_impl(qi, qv, qn, X, xn, rows, out):
-    for t in prange(rows.shape[0]):
+@njit(nogil=True, cache=True, fastmath=_FAST)
+def _sparse_dense(qi, qv, qn, X, xn, rows, out):
+    for t in range(rows.shape[0]):
         _prefetch_ahead(X, rows, t)
         r = rows[t]
         out[t] = _ratio(_sparse_dense_row(qi, qv, X, r), qn, xn[r])
 
 
-def _dense_csr_impl(q, qn, indptr, indices, data, xn, rows, out):
-    for t in prange(rows.shape[0]):
+@njit(nogil=True, cache=True)
+def _dense_csr(q, qn, indptr, indices, data, xn, rows, out):
+    for t in range(rows.shape[0]):
         r = rows[t]
         out[t] = _ratio(_dense_csr_row(q, indptr, indices, data, r), qn, xn[r])
 
 
-def _sparse_csr_impl(qi, qv, qn, indptr, indices, data, xn, rows, out):
-    for t in prange(rows.shape[0]):
+@njit(nogil=True, cache=True)
+def _sparse_csr(qi, qv, qn, indptr, indices, data, xn, rows, out):
+    for t in range(rows.shape[0]):
         r = rows[t]
         out[t] = _ratio(_sparse_csr_row(qi, qv, indptr, indices, data, r), qn, xn[r])
 
 
-_TWINS = [twin_kernels(f, nogil=True, cache=True)
-          for f in (_dense_impl, _sparse_dense_impl, _dense_csr_impl, _sparse_csr_impl)]
-_PARALLEL = tuple(t[0] for t in _TWINS)
-_SERIAL = tuple(t[1] for t in _TWINS)
-
-
-@njit(nogil=True, parallel=True, cache=True, fastmath=_FAST)
+@njit(nogil=True, cache=True, fastmath=_FAST)
 def _dense_block(Q, qn, X, xn, out):
-    """All queries × all rows, tiled so a block of rows is reused from cache by every query."""
+    """All queries × the rows of ``X`` (``out[a, r]``), tiled so a block of rows is reused from
+    cache by every query."""
     n = X.shape[0]
     bs = 64
-    for blk in prange((n + bs - 1) // bs):
-        lo = blk * bs
+    for lo in range(0, n, bs):
         hi = min(n, lo + bs)
         for a in range(Q.shape[0]):
             for r in range(lo, hi):
@@ -153,20 +151,16 @@ def _dense_block(Q, qn, X, xn, out):
                 out[a, r] = _ratio(s, qn[a], xn[r])
 
 
-def _l1_dense_impl(X):
-    out = np.empty(X.shape[0])
-    for r in prange(X.shape[0]):
+@njit(nogil=True, cache=True)
+def _l1_dense(X, out):
+    """Summed in index order, one value after the other (no fastmath: no reassociation), so that
+    a row's norm is bit for bit the same whether it comes dense (its zeros add exactly nothing)
+    or sparse (:func:`_l1_csr`): the stored norm must not depend on the shape a vector came in."""
+    for r in range(X.shape[0]):
         s = 0.0
         for i in range(X.shape[1]):
             s += abs(np.float64(X[r, i]))
         out[r] = s
-    return out
-
-
-#: Summed in index order, one value after the other (no fastmath: no reassociation), so that a
-#: row's norm is bit for bit the same whether it comes dense (its zeros add exactly nothing)
-#: or sparse (:func:`_l1_csr`): the stored norm must not depend on the shape a vector came in.
-_l1_dense, _l1_dense_serial = twin_kernels(_l1_dense_impl, nogil=True, cache=True)
 
 
 @njit(nogil=True, cache=True)
@@ -188,10 +182,9 @@ def l1_norms(X) -> np.ndarray:
             X = X.sorted_indices()
         return _l1_csr(X.indptr.astype(np.int64), X.data)
     X = np.atleast_2d(np.asarray(X))
-    if not parallel_pays(X.size):
-        return _l1_dense_serial(X)
-    with PARALLEL_LOCK:
-        return _l1_dense(X)
+    out = np.empty(X.shape[0])
+    spread(lambda lo, hi: _l1_dense(X[lo:hi], out[lo:hi]), X.shape[0], X.size)
+    return out
 
 
 def _as_query(q, dim: int | None = None):
@@ -226,30 +219,26 @@ def score_rows(q, X, rows: np.ndarray | None = None, x_norms: np.ndarray | None 
     nnz_q = qa[-1].shape[0]
     dense_x = not sp.issparse(X)
     work = rows.shape[0] * (X.shape[1] if dense_x and kind == "dense" else max(nnz_q, 16))
-    if work >= PARALLEL_MIN_WORK:
-        with PARALLEL_LOCK:
-            _score(_PARALLEL, kind, qa, qn, X, xn, rows, out)
-    else:
-        _score(_SERIAL, kind, qa, qn, X, xn, rows, out)
-    return out
-
-
-def _score(scorers, kind, qa, qn, X, xn, rows, out) -> None:
-    dense, sparse_dense, dense_csr, sparse_csr = scorers
-    if not sp.issparse(X):
+    if dense_x:
         X = np.ascontiguousarray(X)
-        if kind == "dense":
-            dense(qa[0], qn, X, xn, rows, out)
-        else:
-            sparse_dense(qa[0], qa[1], qn, X, xn, rows, out)
     else:
         X = sp.csr_matrix(X)
         if not X.has_sorted_indices:
             X.sort_indices()
+    spread(lambda lo, hi: _score(kind, qa, qn, X, xn, rows[lo:hi], out[lo:hi]), rows.shape[0], work)
+    return out
+
+
+def _score(kind, qa, qn, X, xn, rows, out) -> None:
+    if not sp.issparse(X):
         if kind == "dense":
-            dense_csr(qa[0], qn, X.indptr, X.indices, X.data, xn, rows, out)
+            _dense(qa[0], qn, X, xn, rows, out)
         else:
-            sparse_csr(qa[0], qa[1], qn, X.indptr, X.indices, X.data, xn, rows, out)
+            _sparse_dense(qa[0], qa[1], qn, X, xn, rows, out)
+    elif kind == "dense":
+        _dense_csr(qa[0], qn, X.indptr, X.indices, X.data, xn, rows, out)
+    else:
+        _sparse_csr(qa[0], qa[1], qn, X.indptr, X.indices, X.data, xn, rows, out)
 
 
 def gmm(u, v) -> float:
@@ -284,8 +273,7 @@ def gmm_matrix(Q, X, q_norms=None, x_norms=None) -> np.ndarray:
     qn = l1_norms(Q) if q_norms is None else np.asarray(q_norms, dtype=np.float64)
     xn = l1_norms(X) if x_norms is None else np.asarray(x_norms, dtype=np.float64)
     out = np.empty((Q.shape[0], X.shape[0]))
-    with PARALLEL_LOCK:
-        _dense_block(Q, qn, X, xn, out)
+    spread(lambda lo, hi: _dense_block(Q, qn, X[lo:hi], xn[lo:hi], out[:, lo:hi]), X.shape[0], X.size * Q.shape[0])
     return out
 
 

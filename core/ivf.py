@@ -26,11 +26,11 @@ instead of one row at a time.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from gmmlsh.core.codes import WORD
 from gmmlsh.core.intrinsics import popcount
-from gmmlsh.core.parallel import PARALLEL_LOCK, twin_kernels
+from gmmlsh.core.parallel import spread
 
 #: Words of a first-stage row: the first 8 words of a plane row (plane 0 of 512 samples, or
 #: planes 0 and 1 of 256, …), zero where a sketch has fewer bits (equal on both sides).
@@ -130,32 +130,27 @@ def profile_scores(P, qp, words, two, out):
             out[c] += popcount(~((p0[c] ^ q0) | (p1[c] ^ q1)))
 
 
-def _assign_profiles_impl(planes, rows, P, words, two, out):
-    for ch in prange((rows.shape[0] + 255) // 256):
-        score = np.empty(P.shape[1], dtype=np.int64)
-        for i in range(ch * 256, min(rows.shape[0], (ch + 1) * 256)):
-            profile_scores(P, planes[rows[i]], words, two, score)
-            out[i] = np.argmax(score)
-
-
-_assign_profiles_parallel, _assign_profiles_serial = twin_kernels(_assign_profiles_impl, nogil=True, cache=True)
+@njit(nogil=True, cache=True)
+def _assign_profiles(planes, rows, P, words, two, out):
+    score = np.empty(P.shape[1], dtype=np.int64)
+    for i in range(rows.shape[0]):
+        profile_scores(P, planes[rows[i]], words, two, score)
+        out[i] = np.argmax(score)
 
 
 def assign_profiles(planes: np.ndarray, rows: np.ndarray, P: np.ndarray, words: int, bits: int) -> np.ndarray:
     """The list of each row ``planes[rows[i]]`` whose profile agrees best with it (ties: the
     first) — the list a query that is this row would probe first."""
     out = np.empty(rows.shape[0], dtype=np.int64)
-    args = (planes, np.asarray(rows, dtype=np.int64), P, words, bits >= 2, out)
-    if rows.shape[0] * P.shape[1] >= 1 << 16:
-        with PARALLEL_LOCK:
-            _assign_profiles_parallel(*args)
-    else:
-        _assign_profiles_serial(*args)
+    rows = np.asarray(rows, dtype=np.int64)
+    spread(lambda lo, hi: _assign_profiles(planes, rows[lo:hi], P, words, bits >= 2, out[lo:hi]), rows.shape[0],
+           rows.shape[0] * P.shape[0] * P.shape[1])
     return out
 
 
-def _assign_impl(F, centroids, out):
-    for i in prange(F.shape[0]):
+@njit(nogil=True, cache=True)
+def _assign(F, centroids, out):
+    for i in range(F.shape[0]):
         best = -1
         arg = 0
         for c in range(centroids.shape[0]):
@@ -166,17 +161,13 @@ def _assign_impl(F, centroids, out):
         out[i] = arg
 
 
-_assign_parallel, _assign_serial = twin_kernels(_assign_impl, nogil=True, cache=True)
 
 
 def assign(F: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Index of the best-agreeing centroid of every first-stage row (ties: the first)."""
     out = np.empty(F.shape[0], dtype=np.int64)
-    if F.shape[0] * centroids.shape[0] >= 1 << 16:
-        with PARALLEL_LOCK:
-            _assign_parallel(F, centroids, out)
-    else:
-        _assign_serial(F, centroids, out)
+    spread(lambda lo, hi: _assign(F[lo:hi], centroids, out[lo:hi]), F.shape[0],
+           F.shape[0] * centroids.shape[0] * FIRST_WORDS)
     return out
 
 

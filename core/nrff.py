@@ -18,9 +18,9 @@ import math
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
+from numba import njit
 
-from gmmlsh.core.parallel import PARALLEL_LOCK
+from gmmlsh.core.parallel import spread
 from gmmlsh.core.rng import coord_key, uniform
 from gmmlsh.core.validate import check_batch
 
@@ -30,17 +30,23 @@ _W_SALT = np.uint64(0x6E72FF0000000001)
 _PHI_SALT = np.uint64(0x6E72FF0000000002)
 
 
-@njit(nogil=True, parallel=True, cache=True)
-def _gaussian_rows(coords, k, seed):
-    """Rows ``coords`` of W (len(coords), k): standard normals by Box–Muller."""
-    out = np.empty((coords.shape[0], k))
+@njit(nogil=True, cache=True)
+def _gaussian_fill(coords, k, seed, out):
+    """Rows ``coords`` of W into ``out`` (len(coords), k): standard normals by Box–Muller."""
     s = np.uint64(seed) ^ _W_SALT
-    for a in prange(coords.shape[0]):
+    for a in range(coords.shape[0]):
         ck = coord_key(s, np.uint64(coords[a]))
         for j in range(k):
             u1 = uniform(ck, np.uint64(j), np.uint64(0))
             u2 = uniform(ck, np.uint64(j), np.uint64(1))
             out[a, j] = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def _gaussian_rows(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Rows ``coords`` of W (len(coords), k), spread over the cores."""
+    out = np.empty((coords.shape[0], k))
+    spread(lambda lo, hi: _gaussian_fill(coords[lo:hi], k, np.uint64(seed), out[lo:hi]), coords.shape[0],
+           coords.shape[0] * k * 16)
     return out
 
 
@@ -55,8 +61,7 @@ def _phases(k, seed):
 
 @functools.lru_cache(maxsize=4)
 def _dense_w(dim: int, k: int, seed: int) -> np.ndarray:
-    with PARALLEL_LOCK:
-        w = _gaussian_rows(np.arange(dim, dtype=np.int64), k, np.uint64(seed))
+    w = _gaussian_rows(np.arange(dim, dtype=np.int64), k, seed)
     w.setflags(write=False)
     return w
 
@@ -77,8 +82,7 @@ def projections(X, k: int, seed: int = 0) -> np.ndarray:
         step = _slab_rows(k)
         for lo in range(0, cols.shape[0], step):
             part = cols[lo : lo + step]
-            with PARALLEL_LOCK:
-                w = _gaussian_rows(part.astype(np.int64), k, np.uint64(seed))
+            w = _gaussian_rows(part.astype(np.int64), k, seed)
             out += X[:, part] @ w
         return out
     Xn = X / np.linalg.norm(X, axis=1, keepdims=True)
@@ -86,8 +90,7 @@ def projections(X, k: int, seed: int = 0) -> np.ndarray:
         return Xn @ _dense_w(dim, k, int(seed))
     step = _slab_rows(k)
     for lo in range(0, dim, step):
-        with PARALLEL_LOCK:
-            w = _gaussian_rows(np.arange(lo, min(dim, lo + step), dtype=np.int64), k, np.uint64(seed))
+        w = _gaussian_rows(np.arange(lo, min(dim, lo + step), dtype=np.int64), k, seed)
         out += Xn[:, lo : lo + step] @ w
     return out
 

@@ -1,52 +1,73 @@
-"""One lock around every parallel numba kernel.
+"""Work spread over the cores: serial kernels that release the GIL, run on chunks by a pool of threads.
 
-numba's default ``workqueue`` threading layer aborts the process when two
-Python threads enter parallel regions at once — exactly what a threaded web
-server does. Work that is small (one query) runs serial kernels, which need no
-lock; big batch work takes this lock, so it is safe under any threading layer.
+Every kernel is compiled once, serial, ``nogil``; a batch worth spreading is cut into one
+chunk per core and each chunk handed to a thread of one shared pool. numba's own parallel
+regions (``parallel=True``) did the same work, but each such kernel was compiled twice (a
+serial twin for small work, which must not load the parallel one's cached machine code), a
+parallel region is the costliest kind of numba function to compile (the query search's alone
+took two minutes of a first start's compile), and its default threading layer aborts the
+process when two Python threads enter parallel regions at once, which a threaded web server
+does. A chunk per core and a thread per chunk need none of that.
+
+A thread that runs beside others doing the same work (a bulk load's hashing workers, a web
+server's query lane) calls :func:`set_threads` with 1 (a per-thread setting): its calls then
+run on it alone. The default is numba's (``NUMBA_NUM_THREADS``, else the cores); numba's own
+thread functions are never called, since calling them starts numba's thread pool.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-import types
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
-from numba import njit
 
-PARALLEL_LOCK = threading.RLock()
-
-#: Below this many inner-loop steps a batch runs serially (threads cost more than they save).
+#: Below this many inner-loop steps a batch runs on the calling thread (threads cost more than they save).
 PARALLEL_MIN_WORK = 1 << 20
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+def threads() -> int:
+    """Threads the calling thread's batches are spread over (its :func:`set_threads`, or the default)."""
+    return getattr(_LOCAL, "threads", numba.config.NUMBA_NUM_THREADS)
+
+
+def set_threads(n: int) -> None:
+    """Spread the calling thread's batches over at most ``n`` threads (1: run them on it)."""
+    _LOCAL.threads = max(1, int(n))
 
 
 def parallel_pays(work: int) -> bool:
-    """Whether a batch of ``work`` inner-loop steps takes the parallel twin of its kernel: it is
-    big enough, and the calling thread lets numba use more than one thread. A thread that
-    runs beside others doing the same work (a bulk load's hashing workers) sets
-    ``numba.set_num_threads(1)`` and so runs serial kernels: no lock, and no parallel region
-    waiting on a thread that another one has preempted."""
-    return work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1
+    """Whether a batch of ``work`` inner-loop steps is worth spreading over the cores: it is big
+    enough, and the calling thread may use more than one (a chunk of a spread batch may not)."""
+    return work >= PARALLEL_MIN_WORK and threads() > 1
 
 
-def twin_kernels(impl: Callable, **options) -> tuple[Callable, Callable]:
-    """``(parallel, serial)`` dispatchers of one kernel, each cached in its own file.
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="gmmlsh-core",
+                                       initializer=set_threads, initargs=(1,))
+        return _POOL
 
-    numba's on-disk cache names its files after the function's qualified name and
-    keys entries by signature only, not by ``parallel``: two ``njit`` wrappers of
-    one function share a cache file, and the serial one can load the parallel
-    machine code. A query then starts an OpenMP region whose threads spin after
-    it, costing CPU and time (docs/tuning.md). Each twin is
-    therefore a copy of ``impl`` under its own name.
-    """
 
-    def copy(suffix: str) -> Callable:
-        fn = types.FunctionType(impl.__code__, impl.__globals__, impl.__name__ + suffix,
-                                impl.__defaults__, impl.__closure__)
-        fn.__qualname__ = impl.__qualname__ + suffix
-        fn.__doc__ = impl.__doc__
-        return fn
+def chunks(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, n)`` cut into ``parts`` ranges of near-equal size (none empty)."""
+    parts = max(1, min(parts, n))
+    edges = [n * i // parts for i in range(parts + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(parts) if edges[i + 1] > edges[i]]
 
-    return (njit(parallel=True, **options)(copy("_parallel")),
-            njit(**options)(copy("_serial")))
+
+def spread(run: Callable[[int, int], object], n: int, work: int) -> list:
+    """``run(lo, hi)`` over ``[0, n)``: on this thread, or — when ``work`` (inner-loop steps in
+    all) makes it pay (:func:`parallel_pays`) — over one chunk per core, on the pool's threads.
+    Returns the chunks' results in order."""
+    if n <= 1 or not parallel_pays(work):
+        return [run(0, n)]
+    return list(_pool().map(lambda span: run(*span), chunks(n, threads())))

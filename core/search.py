@@ -15,15 +15,14 @@ of the best ``refine``) and asks for the next rows' lines while it scores the cu
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from gmmlsh.core.bundles import SEG_LSTARTS, Query
+from gmmlsh.core.bundles import SEG_LSTARTS
 from gmmlsh.core.coarse import HEADER, coarse_gmm
 from gmmlsh.core.codes import WORD
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, popcount, prefetch, prefetch_flat
 from gmmlsh.core.ivf import FIRST_WORDS, first_agreement, list_scores, profile_scores
-from gmmlsh.core.parallel import twin_kernels
 from gmmlsh.core.select import GROUP, choose, select
 
 #: Rows the rank and GMM passes ask for ahead of the one they score (each is a random row:
@@ -258,30 +257,15 @@ def search(q, rows, lists, budget, out_rows, out_sims):
     return n, scanned, n
 
 
-def _search_many_impl(qs, rows, lists, budget, out_rows, out_sims, counts):
-    for i in prange(qs.norm.shape[0]):
-        q = Query(qs.planes[i], qs.first[i], qs.dense[i], qs.norm[i], qs.exclude[i])
-        counts[i, 0], counts[i, 1], counts[i, 2] = search(q, rows, lists, budget, out_rows[i], out_sims[i])
-
-
-#: :func:`search` for every query of a batch (:class:`~gmmlsh.core.bundles.Queries`), parallel
-#: over queries or serial; ``counts[i]``: query i's (rows written, rows scanned, candidates ranked).
-search_many_parallel, search_many_serial = twin_kernels(_search_many_impl, nogil=True, cache=True)
-
-
-def _exact_impl(qbuf, qn, exclude, rows, n, out):
-    for r in prange(n):
+@njit(nogil=True, cache=True)
+def exact_scan(qbuf, qn, exclude, rows, lo, hi, out):
+    """Exact GMM of one query against every row of ``[lo, hi)`` into ``out[r − lo]`` (−1 for
+    retired rows and ``exclude``)."""
+    for r in range(lo, hi):
         if rows.alive[r] and r != exclude:
-            out[r] = row_gmm(qbuf, qn, rows.voff, rows.vi, rows.vf, rows.norms, r)
+            out[r - lo] = row_gmm(qbuf, qn, rows.voff, rows.vi, rows.vf, rows.norms, r)
         else:
-            out[r] = -1.0
-
-
-#: Exact GMM of one query against every row ``< n`` (−1 for retired rows and ``exclude``).
-exact_parallel, exact_serial = twin_kernels(_exact_impl, nogil=True, cache=True)
-
-#: Rows a thread of :func:`exact_block_parallel` scores at a time.
-_BLOCK_CHUNK = 256
+            out[r - lo] = -1.0
 
 
 @njit(nogil=True, cache=True, fastmath=_FAST)
@@ -331,26 +315,23 @@ def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s):
                     s[j] += _same_sign_min(qrow[j], v)
 
 
-def _exact_block_impl(Q, QT, qn, exclude, rows, lo, hi, out):
+@njit(nogil=True, cache=True)
+def exact_block(Q, QT, qn, exclude, rows, lo, hi, out):
+    """Exact GMM of many queries against rows ``lo ≤ r < hi``: ``out[j, r − lo]`` (−1 for retired
+    rows and query j's ``exclude[j]``). A row is read from memory once for all the queries (see
+    :func:`_row_against_all`)."""
     m = qn.shape[0]
     nonneg = Q.shape[0] == 0 or np.min(Q) >= 0
-    for ch in prange((hi - lo + _BLOCK_CHUNK - 1) // _BLOCK_CHUNK):
-        s = np.empty(m)
-        for r in range(lo + ch * _BLOCK_CHUNK, min(hi, lo + (ch + 1) * _BLOCK_CHUNK)):
-            if rows.alive[r]:
-                _row_against_all(Q, QT, nonneg, rows.voff, rows.vi, rows.vf, r, s)
-                nr = rows.norms[r]
-                for j in range(m):
-                    out[j, r - lo] = _ratio(s[j], qn[j], nr) if r != exclude[j] else -1.0
-            else:
-                for j in range(m):
-                    out[j, r - lo] = -1.0
-
-
-#: Exact GMM of many queries against rows ``lo ≤ r < hi``: ``out[j, r − lo]`` (−1 for retired
-#: rows and query j's ``exclude[j]``). A row is read from memory once for all the queries
-#: (see :func:`_row_against_all`).
-exact_block_parallel, exact_block_serial = twin_kernels(_exact_block_impl, nogil=True, cache=True)
+    s = np.empty(m)
+    for r in range(lo, hi):
+        if rows.alive[r]:
+            _row_against_all(Q, QT, nonneg, rows.voff, rows.vi, rows.vf, r, s)
+            nr = rows.norms[r]
+            for j in range(m):
+                out[j, r - lo] = _ratio(s[j], qn[j], nr) if r != exclude[j] else -1.0
+        else:
+            for j in range(m):
+                out[j, r - lo] = -1.0
 
 
 @njit(nogil=True, cache=True)

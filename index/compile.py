@@ -19,14 +19,14 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from gmmlsh.core.gcws import _sample_dense_serial, _sample_split_serial
+from gmmlsh.core.gcws import _sample_dense, _sample_split
 from gmmlsh.core.postings import exact_postings
 from gmmlsh.core.search import search
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 
 #: Kernels whose on-disk cache says whether this machine compiled them already.
-_WITNESSES = (search, exact_postings, _sample_dense_serial, _sample_split_serial)
+_WITNESSES = (search, exact_postings, _sample_dense, _sample_split)
 
 
 def kernels_cached() -> bool:

@@ -22,20 +22,12 @@ import orjson
 import scipy.sparse as sp
 
 from gmmlsh.core import nrff
-from gmmlsh.core.bundles import Budget, Queries, Query, frozen
+from gmmlsh.core.bundles import Budget, Query, frozen
 from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
-from gmmlsh.core.parallel import PARALLEL_LOCK, parallel_pays
+from gmmlsh.core.parallel import spread
 from gmmlsh.core.postings import exact_postings, postings_search
-from gmmlsh.core.search import (
-    exact_block_parallel,
-    exact_block_serial,
-    exact_parallel,
-    exact_serial,
-    row_cosine,
-    search,
-    search_many_parallel,
-)
+from gmmlsh.core.search import exact_block, exact_scan, row_cosine, search
 from gmmlsh.core.select import GROUP, top_k
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.config import DEFAULT_K, DEFAULT_RARE, RANK_BITS_MAX, IndexConfig, SearchParams
@@ -148,25 +140,18 @@ def run_sketch(view: View, queries: list[Prepared], params: SearchParams, config
     """(rows, exact similarities, candidates ranked by GMM) of each query: its candidates' best
     :func:`refine_count` by coarse GMM, scored exactly. With ``scored`` False, every candidate
     unscored (similarity 0): which rows a setting reaches, at a fraction of its cost (the
-    tuner's recall trials). A batch runs in parallel where numba has threads."""
+    tuner's recall trials). A batch is spread over the cores."""
     b = budget(view, params, config, k, scored)
-    C = params.candidates
-    if len(queries) == 1 or not parallel_pays(len(queries) << 20):
+
+    def some(lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
         out = []
-        rows, sims = np.empty(C, np.int64), np.empty(C)
-        for p in queries:
+        rows, sims = np.empty(params.candidates, np.int64), np.empty(params.candidates)
+        for p in queries[lo:hi]:
             n, _, ranked = search(p.q, view.row_bundle, view.lists, b, rows, sims)
             out.append((rows[:n].copy(), sims[:n].copy(), int(ranked)))
         return out
-    m = len(queries)
-    rows, sims = np.empty((m, C), np.int64), np.empty((m, C))
-    counts = np.empty((m, 3), np.int64)
-    qs = Queries(np.stack([p.q.planes for p in queries]), np.stack([p.q.first for p in queries]),
-                 np.stack([p.q.dense for p in queries]), np.array([p.q.norm for p in queries]),
-                 np.array([p.q.exclude for p in queries], dtype=np.int64))
-    with PARALLEL_LOCK:
-        search_many_parallel(qs, view.row_bundle, view.lists, b, rows, sims, counts)
-    return [(rows[i, :counts[i, 0]], sims[i, :counts[i, 0]], int(counts[i, 2])) for i in range(m)]
+
+    return [f for part in spread(some, len(queries), len(queries) << 20) for f in part]
 
 
 def run_exact(view: View, p: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
@@ -263,12 +248,8 @@ def _exact_block(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndarra
     kept: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in qs]
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        args = (Q, QT, qn, exclude, view.row_bundle, lo, hi, out)
-        if parallel_pays(int(view.voff[hi] - view.voff[lo]) * m):
-            with PARALLEL_LOCK:
-                exact_block_parallel(*args)
-        else:
-            exact_block_serial(*args)
+        spread(lambda a, b, lo=lo: exact_block(Q, QT, qn, exclude, view.row_bundle, lo + a, lo + b, out[:, a:b]),
+               hi - lo, int(view.voff[hi] - view.voff[lo]) * m)
         for j in range(m):
             sims = out[j, :hi - lo]
             cut = max(0.0, np.partition(sims, -k)[-k]) if sims.shape[0] > k else 0.0
@@ -285,12 +266,8 @@ def _exact_block(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndarra
 def _exact_scan(view: View, p: Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     n = view.rows
     sims = np.empty(n)
-    args = (p.q.dense, p.q.norm, p.exclude, view.row_bundle, n, sims)
-    if parallel_pays(int(view.voff[n])):
-        with PARALLEL_LOCK:
-            exact_parallel(*args)
-    else:
-        exact_serial(*args)
+    spread(lambda lo, hi: exact_scan(p.q.dense, p.q.norm, p.exclude, view.row_bundle, lo, hi, sims[lo:hi]), n,
+           int(view.voff[n]))
     rows = np.flatnonzero(sims >= 0)
     return rows, sims[rows], int(rows.shape[0])
 

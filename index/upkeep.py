@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from gmmlsh.core import parallel
 from gmmlsh.index import monitor, nearcopies, segments, tuner
 from gmmlsh.index.mirror import Stale, View
 from gmmlsh.index.segments import ArenaWriter, Fit
@@ -186,9 +187,7 @@ class Upkeep:
         the other lanes are done and no record came for ``idle`` seconds."""
         if self.index.recorder.budget <= 0:
             return
-        import numba
-
-        numba.set_num_threads(1)  # beside the queries: a thread of its own, at the worker's priority
+        parallel.set_threads(1)  # beside the queries: a thread of its own, at the worker's priority
         checker = monitor.Checker(self.mirror, self.config, self.index.recorder.budget, self.index.overrides)
         with self.mirror.locked("monitor-lane", blocking=False) as mine:
             if not mine:

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
-import numba
 import numpy as np
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -33,6 +32,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 import gmmlsh
+from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 from gmmlsh.service.collections import CollectionManager
 from gmmlsh.service.deps import require_api_key
@@ -84,7 +84,7 @@ def warm_queries(index: Index) -> bool:
     rows, _ = index.scroll(limit=1)
     if not rows:
         return False
-    numba.set_num_threads(1)
+    parallel.set_threads(1)
     index.query(id=rows[0][0], k=1)
     stored = index.get(rows[0][0])
     if stored.indices is not None:

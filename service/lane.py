@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 
+from gmmlsh.core import parallel
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.index import Index
 from gmmlsh.results import QueryResult
@@ -84,7 +84,7 @@ class QueryLane:
 
     # --- the lane's thread ------------------------------------------------------------------
     def _serve(self) -> None:
-        numba.set_num_threads(1)  # this thread's batches run serial kernels (see the module)
+        parallel.set_threads(1)  # this thread's batches run serial kernels (see the module)
         while True:
             self._wake.wait()
             self._wake.clear()

@@ -16,16 +16,16 @@ import threading
 import time
 from collections import defaultdict
 
-import numba
 import numpy as np
 import orjson
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 from gmmlsh.index.records import SparseRow
-from gmmlsh.index.search import QueryResult
+from gmmlsh.results import QueryResult
 from gmmlsh.service.errors import ApiError
 from gmmlsh.service.wire import MEDIA, NodeAnswer, NodeQuery, WireError, decode_queries, encode_answers
 
@@ -158,7 +158,7 @@ def answer_batch(index: Index, body: bytes, threads: int = 1) -> bytes:
         queries, epoch = decode_queries(body, index.config.dim)
     except (WireError, KeyError, TypeError, ValueError) as exc:
         raise ApiError(400, f"not a batch of the router's protocol: {exc}", field="body") from None
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    parallel.set_threads(threads)
     store = index.store
     store.assume_epoch(epoch)
     try:

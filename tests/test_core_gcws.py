@@ -38,6 +38,7 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gmmlsh.core import parallel
 from gmmlsh.core.codes import (
     bbit_codes,
     bbit_collision_probability,
@@ -421,14 +422,14 @@ def test_sample_j_depends_only_on_seed_i_j(mixed_rows: np.ndarray) -> None:
 
 def test_threads_1_vs_2(mixed_rows: np.ndarray) -> None:
     X = np.vstack([mixed_rows] * 4)  # 1,040 rows × ~300 nonzeros × k: well past the parallel threshold
-    before = numba.get_num_threads()
+    before = parallel.threads()
     try:
-        numba.set_num_threads(1)
+        parallel.set_threads(1)
         one = sketch(X, 128, seed=21, return_t=True, path="direct")
-        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        parallel.set_threads(min(2, numba.config.NUMBA_NUM_THREADS))
         two = sketch(X, 128, seed=21, return_t=True, path="direct")
     finally:
-        numba.set_num_threads(before)
+        parallel.set_threads(before)
     np.testing.assert_array_equal(one[0], two[0])
     np.testing.assert_array_equal(one[1], two[1])
 

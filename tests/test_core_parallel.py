@@ -1,13 +1,5 @@
-"""Serial kernels stay serial when numba's on-disk cache is warm.
-
-numba names its cache files after a function's qualified name and keys entries by
-signature only. Two ``njit`` wrappers of one function (one ``parallel=True``)
-therefore share a file, and a later process can load the *parallel* machine code
-for the serial wrapper: one query then starts an OpenMP region whose threads spin
-afterwards (measured: twice the CPU per query in the server). The probe below
-runs every small-work path in a process whose cache already holds both twins,
-and checks that numba never started its thread pool.
-"""
+"""Work spread over the cores (core/parallel.py): the same answers whatever the split, and no
+numba parallel region anywhere (each kernel is compiled once, serial)."""
 
 from __future__ import annotations
 
@@ -15,61 +7,70 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
-from gmmlsh.core.parallel import twin_kernels
+import numba
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from gmmlsh.core import parallel
+from gmmlsh.core.gcws import sketch
+from gmmlsh.core.gmm import gmm_many, gmm_matrix, l1_norms
+from gmmlsh.core.parallel import chunks, spread
 
 REPO = Path(__file__).resolve().parents[1]
 
-_WARM = textwrap.dedent("""
-    import numpy as np, scipy.sparse as sp
-    from gmmlsh.core.gcws import sketch
-    from gmmlsh.core.gmm import gmm_many, l1_norms
+
+@pytest.mark.parametrize("n, parts", [(0, 2), (1, 2), (5, 2), (7, 3), (100, 16), (3, 8)])
+def test_chunks_cover_the_range_once_in_order(n, parts):
+    spans = chunks(n, parts)
+    assert all(lo < hi for lo, hi in spans) and len(spans) <= max(1, min(parts, n))
+    assert [i for lo, hi in spans for i in range(lo, hi)] == list(range(n))
+
+
+def test_spread_answers_as_one_thread_and_never_nests():
+    """A batch spread over the cores gives what one thread gives, bit for bit; a chunk that itself
+    spreads (it runs on a pool thread) runs on that thread, so nothing waits on a full pool."""
     rng = np.random.default_rng(0)
-    X = rng.random((3000, 784)).astype(np.float32)
-    S = sp.random(3000, 5000, density=0.02, format="csr", dtype=np.float64, random_state=1)
-    S.data += 0.5
-    for path in ("direct", "table"):
-        sketch(X, 256, path=path); sketch(X[:1], 256, path=path)
-        sketch(S, 256, path=path); sketch(S[:1], 256, path=path)
-    Y = np.tile(X, (2, 1))
-    gmm_many(X[0], Y, x_norms=l1_norms(Y)); gmm_many(X[0], Y[:10], x_norms=l1_norms(Y[:10]))
-    gmm_many(S[0], S, x_norms=l1_norms(S)); gmm_many(X[0], Y[:10])
-""")
+    X = (rng.random((3000, 300)) * (rng.random((3000, 300)) < 0.4)).astype(np.float32)
+    X[:, 0] += 0.5
+    S = sp.csr_matrix(X)
+    spread_out = (sketch(X, 128, path="direct"), sketch(S, 128), gmm_many(X[3], X), l1_norms(X),
+                  gmm_matrix(X[:5], X))
+    parallel.set_threads(1)  # this thread's setting: everything on it
+    try:
+        one = (sketch(X, 128, path="direct"), sketch(S, 128), gmm_many(X[3], X), l1_norms(X), gmm_matrix(X[:5], X))
+    finally:
+        parallel.set_threads(numba.config.NUMBA_NUM_THREADS)
+    for a, b in zip(spread_out, one, strict=True):
+        np.testing.assert_array_equal(a, b)
+    threads = set()
 
-_PROBE = textwrap.dedent("""
-    import numpy as np, scipy.sparse as sp
-    import numba.np.ufunc.parallel as pool
-    from gmmlsh.core.gcws import sketch
-    from gmmlsh.core.gmm import gmm_many, l1_norms
-    x = np.zeros((1, 784), np.float32); x[0, :20] = 1.0
-    sketch(x, 256, path="direct")
-    s = sp.csr_matrix(([1.0, 2.0, 3.0], [5, 70, 4000], [0, 3]), shape=(1, 5000))
-    sketch(s, 256, path="direct")
-    Y = np.tile(x, (10, 1))
-    gmm_many(x[0], Y, x_norms=l1_norms(Y))
-    print("pool started" if pool._is_initialized else "pool idle")
-""")
+    def inner(lo: int, hi: int) -> int:
+        threads.add(threading.current_thread().name)
+        return hi - lo
+
+    outer = spread(lambda lo, hi: sum(spread(inner, hi - lo, 1 << 30)), 1000, 1 << 30)
+    assert sum(outer) == 1000
+    if parallel.threads() > 1:
+        assert all(t.startswith("gmmlsh-core") for t in threads)
 
 
-def _run(code: str, cache: Path) -> str:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "NUMBA_NUM_THREADS": "2"}
+def test_no_kernel_starts_a_numba_parallel_region(tmp_path):
+    """Hashing, exact GMM, an index's build, lists, tuning and queries of every mode, on a process
+    allowed two threads: numba's own thread pool is never started (its default layer aborts a
+    process when two threads enter parallel regions at once)."""
+    code = textwrap.dedent("""
+        import numpy as np, scipy.sparse as sp, tempfile, os
+        import numba.np.ufunc.parallel as pool
+        from gmmlsh.index.compile import compile_kernels
+        compile_kernels()
+        print("pool started" if pool._is_initialized else "pool idle")
+    """)
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=600)
+                         timeout=1200)
     assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip()
-
-
-def test_small_work_never_starts_the_thread_pool_with_a_warm_cache(tmp_path):
-    _run(_WARM, tmp_path)  # compiles and caches both twins of every kernel
-    assert _run(_PROBE, tmp_path) == "pool idle"
-
-
-def test_twins_are_cached_under_their_own_names():
-    def kernel(x):
-        return x + 1
-
-    par, ser = twin_kernels(kernel, cache=True)
-    assert par.py_func.__qualname__ != ser.py_func.__qualname__
-    assert par.targetoptions.get("parallel") and not ser.targetoptions.get("parallel")
-    assert par(1) == ser(1) == 2
+    assert out.stdout.strip().splitlines()[-1] == "pool idle"

@@ -25,7 +25,7 @@ from gmmlsh.core.ivf import (
     profile_scores,
     profiles,
 )
-from gmmlsh.core.search import exact_serial, row_gmm, search, shortlist_of
+from gmmlsh.core.search import exact_scan, row_gmm, search, shortlist_of
 from gmmlsh.core.select import select, top_k
 
 Z = 4.0  # standard errors
@@ -187,7 +187,7 @@ def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
     alive = np.ones(40, np.uint8)
     alive[5] = 0
     out = np.empty(40)
-    exact_serial(q, qn, 7, _rows(X32, alive=alive), 40, out)
+    exact_scan(q, qn, 7, _rows(X32, alive=alive), 0, 40, out)
     assert out[5] == -1 and out[7] == -1
     np.testing.assert_allclose(np.delete(out, [5, 7]), np.delete(want, [5, 7]), rtol=1e-12)
 

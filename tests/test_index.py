@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from conftest import FMNIST as FMNIST_PATH
 from redis_fixtures import redis_url  # noqa: F401
 
-from gmmlsh.core import nrff
+from gmmlsh.core import nrff, parallel
 from gmmlsh.core.codes import bbit_codes, pack_codes
 from gmmlsh.core.gcws import sketch
 from gmmlsh.core.gmm import gmm, gmm_matrix
@@ -310,11 +310,11 @@ def test_query_batch_answers_as_single_queries(location, fmnist, threads):
         ix.delete(_ids(0, 3000)[::7])
         replaced = _ids(1, 3000)[::9]
         ix.upsert(replaced, X[3000:3000 + len(replaced)])
-        numba.set_num_threads(threads)
+        parallel.set_threads(threads)
         try:
             batch = ix.query_batch(Q[:40], k=7, min_similarity=0.3)
         finally:
-            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+            parallel.set_threads(numba.config.NUMBA_NUM_THREADS)
         single = [ix.query(q, k=7, min_similarity=0.3) for q in Q[:40]]
         assert batch == single
         assert all(n.metadata is None or n.metadata["i"] == int(n.id[1:]) for r in single for n in r.neighbors)

@@ -37,10 +37,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
+from gmmlsh.core import parallel
 from gmmlsh.core.validate import VectorError, first_bad_row
 from gmmlsh.index.ingest.readers import Chunk, InputFormatError, Reader
 from gmmlsh.index.records import as_stored
@@ -374,7 +374,7 @@ def _hashing_workers() -> tuple[int, int]:
     hashing), where one chunk's hashing spread over the cores (a parallel region) waits for
     its slowest thread, and any thread the writer, the reader or the mirror's follower
     preempts is the slowest."""
-    cores = numba.get_num_threads()
+    cores = parallel.threads()
     workers = max(1, min(cores, MAX_HASHERS))
     return workers, 1 if workers > 1 else cores
 
@@ -422,7 +422,7 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
     bar = _progress_bar(reader, progress, log)
     shown_invalid = 0
     workers, threads = _hashing_workers()
-    hasher = ThreadPoolExecutor(workers, thread_name_prefix="gmmlsh-hash", initializer=numba.set_num_threads,
+    hasher = ThreadPoolExecutor(workers, thread_name_prefix="gmmlsh-hash", initializer=parallel.set_threads,
                                 initargs=(threads,))
     follower = _MirrorFollower(index)
     chunks = _prefetched(reader.chunks(), prefetch, stop)

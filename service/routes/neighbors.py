@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
-import numba
 import numpy as np
 import orjson
 from fastapi import APIRouter, Query, Request
@@ -29,6 +28,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
+from gmmlsh.core import parallel
 from gmmlsh.core.validate import DimensionError, VectorError
 from gmmlsh.index.filters import Filter, compile_filter
 from gmmlsh.index.index import Index, UnknownIdError
@@ -185,7 +185,7 @@ async def _one(request: Request, index: Index, target: Target, knobs: Knobs, den
 
 def _batch_results(request: Request, index: Index, X: np.ndarray, knobs: Knobs) -> bytes:
     """A binary batch of many queries, answered by one ``query_batch`` (in a worker thread)."""
-    numba.set_num_threads(request.app.state.settings.batch_threads)
+    parallel.set_threads(request.app.state.settings.batch_threads)
     try:
         results = index.query_batch(X, **knobs.kwargs())
     except VectorError as exc:
@@ -391,7 +391,7 @@ def _dense_param(text: str) -> np.ndarray:
 def search_batch(request: Request, index: Index, settings: Settings, parsed: SearchBatch,
                  vectors: list[np.ndarray | None]) -> bytes:
     """A ``{"queries": [...]}`` body, answered in a worker thread."""
-    numba.set_num_threads(settings.batch_threads)
+    parallel.set_threads(settings.batch_threads)
     if len(parsed.queries) > settings.max_batch:
         raise ApiError(413, f"{len(parsed.queries)} queries in one request; the limit is {settings.max_batch} "
                        "(max_batch)", field="queries")
