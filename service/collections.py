@@ -104,7 +104,7 @@ class CollectionManager:
         """Each collection's recall monitor report (:func:`gmmlsh.index.monitor.report`), read from
         this machine's mirror directories without opening the collections."""
         out = {DEFAULT_COLLECTION: monitor.report(self.default.mirror.dir)}
-        for entry in self.list():
+        for entry in self.collections.list():
             where = mirror_dir(self.collections.registry.location(entry), entry.get("prefix", self.settings.prefix),
                                entry["uid"], self.settings.cache_dir)
             out[entry["name"]] = monitor.report(where)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gmmlsh.core import gcws
-from gmmlsh.core.gcws import NO_WALK, _sample_dense_serial, constant_table, sketch, walk_table
+from gmmlsh.core.gcws import NO_WALK, _sample_dense, constant_table, sketch, walk_table
 from gmmlsh.core.gcws_walk import LANES, build_walk_table, sign_bounds, walk_vector
 
 
@@ -37,7 +37,7 @@ def _walk_one(row: np.ndarray, table: np.ndarray, k: int) -> tuple[bool, np.ndar
 
 def _reference(X: np.ndarray, table: np.ndarray, k: int) -> np.ndarray:
     out = np.empty((X.shape[0], k), dtype=np.int32)
-    _sample_dense_serial(X, np.arange(2 * X.shape[1]), table, *NO_WALK, k, out, np.empty((1, 1), np.int64), False)
+    _sample_dense(X, np.arange(2 * X.shape[1]), table, *NO_WALK, k, out, np.empty((1, 1), np.int64), False)
     return out
 
 
@@ -128,7 +128,7 @@ def test_a_tie_falls_back_to_the_reference() -> None:
     assert not ok, "the tie was not detected"
     walk = build_walk_table(table)
     out = np.empty((1, k), dtype=np.int32)
-    _sample_dense_serial(row[None, :], np.arange(2 * d), table, *walk, k, out, np.empty((1, 1), np.int64), False)
+    _sample_dense(row[None, :], np.arange(2 * d), table, *walk, k, out, np.empty((1, 1), np.int64), False)
     np.testing.assert_array_equal(out[0], want)
 
 

@@ -137,7 +137,7 @@ def test_filtered_neighbours_match_and_equal_the_exact_filtered_answer(loaded, s
 
 def test_a_filter_nothing_passes_answers_no_neighbours_and_exact_mode_filters_too(loaded):
     ix, _, _, Q = loaded
-    assert ix.query(Q[0], k=5, filter={"must": [{"key": "label", "match": {"value": 42}}]}).neighbors == []
+    assert ix.query(Q[0], k=5, filter={"must": [{"key": "label", "match": {"value": 42}}]}).neighbors == ()
     flt = {"must": [{"key": "even", "match": {"value": False}}]}
     for mode in ("exact", "auto"):
         r = ix.query(Q[0], k=20, mode=mode, filter=flt)

@@ -250,7 +250,7 @@ def test_rows_given_one_by_one_dense_or_sparse_keep_their_shapes(location):
             ix.prepare_rows(list("abcd"), rows, [None, None, None, {"x": {1, 2}}])
         assert (info.value.row, info.value.part) == (3, "metadata")
         assert ix.count() == 0
-        assert ix.write(ix.prepare_rows(list("abcd"), rows, [None, {"m": 1}, None, None])) == 4
+        assert ix.write(ix.prepare_rows(list("abcd"), rows, [None, {"m": 1}, None, None])).vectors == 4
         a, b, c, d = (ix.get(i) for i in "abcd")
         assert a.indices is None and np.array_equal(a.values, dense.astype(np.float32))
         assert b.indices.tolist() == [3, 9] and b.values.tolist() == [0.5, 1.5] and b.metadata == {"m": 1}

@@ -127,7 +127,7 @@ def _writer(*args: str) -> subprocess.Popen:
 def _count_round_trips(monkeypatch, store: RedisStore) -> list[int]:
     calls: list[int] = []
     real = store._pipeline
-    monkeypatch.setattr(store, "_pipeline", lambda cmds, **kw: calls.append(len(cmds)) or real(cmds, **kw))
+    monkeypatch.setattr(store, "_pipeline", lambda cmds, *a, **kw: calls.append(len(cmds)) or real(cmds, *a, **kw))
     r = store._r()
     real_mget = r.mget
     monkeypatch.setattr(r, "mget", lambda *a, **kw: calls.append(1) or real_mget(*a, **kw))

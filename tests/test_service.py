@@ -752,8 +752,8 @@ def test_two_workers_under_concurrent_load(backend_kind, tmp_path, redis_url_if,
             metrics = c.get("/metrics").text
         assert len(pids) == 2, f"expected answers from both workers, saw pids {pids}"
         # /metrics aggregates both workers (prometheus multiprocess mode)
-        posts = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                 if line.startswith('gmmlsh_http_requests_total{method="POST",route="/vectors",status="200"}')]
+        inserts = 'gmmlsh_http_requests_total{collection="default",method="POST",route="/vectors",status="200"}'
+        posts = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(inserts)]
         assert posts == [float(sum(insert_posts))], "every insert counted once, whichever worker took it"
         with be.open_index() as index:
             assert index.count() == total

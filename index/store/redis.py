@@ -429,7 +429,7 @@ class RedisStore:
             args: list = [S, _CHUNK_BIG, _CHUNK_SMALL]
             for s, members in call:
                 args += [s, self._tag(s), len(members), *(f for i in members for f in records[i])]
-            commands.append(self._evalsha("write", keys, args))
+            commands.append(self._script_call("write", keys, args))
         results = self._bumped(commands, errors=True)
         failed = [r for r in results if isinstance(r, Exception)]
         if not failed:
@@ -458,33 +458,33 @@ class RedisStore:
         for name, iid in pairs.items():
             by_shard[self._shard_of(name, S)] += [name] if expect is None else [name, iid]
         flag = "0" if expect is None else "1"
-        commands = [self._evalsha("delete", self._shard_keys(s), [S, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
-                                                                   *members])
+        commands = [self._script_call("delete", self._shard_keys(s), [S, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
+                                                                       *members])
                     for s, members in by_shard.items()]
         return int(sum(self._bumped(commands)))
 
     def _bumped(self, commands: list[tuple], errors: bool = False) -> list[Any]:
-        """Run write ``commands``, then bump the epoch (see the module docstring); their replies
-        (with ``errors``, a command's error in its place, as :meth:`_pipeline` leaves it). On one
-        server the ``INCR`` rides in the same pipeline, after them on the same connection (Redis
-        runs them in order); on a Cluster the scripts' nodes answer before it is sent."""
-        self._r()
-        if self._cluster:
-            replies = self._pipeline(commands, errors)
+        """Run write scripts (made by :meth:`_script_call`), the epoch bumped after them (see the
+        module docstring); the scripts' own values (with ``errors``, a command's error in its
+        place, as :meth:`_pipeline` leaves it). On one server each script bumps it as its last
+        step (a full Redis lets a script that has written finish, but refuses an ``INCR`` sent on
+        its own); on a Cluster a script's keys share one slot, so the ``INCR`` follows once the
+        scripts' nodes have answered."""
+        replies = self._pipeline(commands, errors)
+        done = [r for r in replies if not isinstance(r, Exception)]
+        if self._cluster and done:
             try:
-                epoch = self._r().incr(self._epoch_key)
-            except redis.exceptions.ResponseError:  # a full Redis refuses it: the scripts' error says it
-                if any(isinstance(r, Exception) for r in replies):
-                    return replies
-                raise
-        else:
-            *replies, epoch = self._pipeline([*commands, ("INCR", self._epoch_key)], errors)
-            if isinstance(epoch, Exception):  # a full Redis refuses the INCR too: the scripts' error says it
-                if not any(isinstance(r, Exception) for r in replies):
-                    raise epoch
-                return replies
-        self._local.epoch = int(epoch)
-        return replies
+                self._local.epoch = int(self._r().incr(self._epoch_key))
+            except redis.exceptions.ResponseError:  # a full Redis: the scripts' error says it
+                if len(done) == len(replies):
+                    raise
+        elif done:
+            self._local.epoch = max(int(r[1]) for r in done)
+        return [r if isinstance(r, Exception) else int(r[0]) for r in replies]
+
+    def _script_call(self, name: str, keys: list, args: list) -> tuple:
+        """The ``EVALSHA`` of a write script: on one server its keys end with the epoch key."""
+        return self._evalsha(name, keys if self._cluster else [*keys, self._epoch_key], args)
 
     def last_epoch(self) -> int | None:
         """The epoch this thread's last write or delete bumped to: a session token (a query

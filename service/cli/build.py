@@ -160,14 +160,15 @@ def _undoing(args, kind: str, loc: str):
     import shutil
 
     before = set(os.listdir(loc)) if kind == "lmdb" and os.path.isdir(loc) else None
+    collection = where(args).collection
 
     def undo(index) -> None:
         try:
             if index.count():
                 return  # something is stored: the index stays, a re-run resumes it
-            if args.collection != "default":
+            if collection != "default":
                 with collections_of(args) as cols:
-                    cols.delete(args.collection)
+                    cols.delete(collection)
             elif kind == "redis":
                 index.store.drop()
                 shutil.rmtree(index.mirror.dir, ignore_errors=True)

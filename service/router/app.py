@@ -224,11 +224,10 @@ async def _prepare(request: Request, ext_id: str | None, vector: Any, knobs, flt
         vec: np.ndarray | SparseRow = (stored.values if stored.indices is None else
                                        SparseRow(np.asarray(stored.indices, np.int32), stored.values, index.config.dim))
     else:
-        sparse = isinstance(vector, tuple)
         try:
             X = query_rows(vector, index.config.dim)
         except VectorError as exc:
-            raise client_field(exc, prefix, sparse, dense) from None
+            raise client_field(exc, prefix, dense) from None
         if isinstance(X, SparseRow):
             vec = X
         elif hasattr(X, "indices"):  # a 1-row CSR

@@ -5,7 +5,8 @@
 -- ARGV: the three of shard.lua, then one section per shard: s, key prefix of the shard, the
 --       number m of its records, then 5 per record: name, vector, sketch, nrff ('' = none),
 --       meta ('' = none)
--- Returns how many of the names held a vector before (were replaced).
+-- KEYS, last and optional: the index's epoch key (see bumped in shard.lua).
+-- Returns {how many of the names held a vector before (were replaced), the epoch or 0}.
 -- One call is all or nothing, a full Redis included: under maxmemory with noeviction, Redis
 -- refuses a script's first write that needs memory, and lets a script that has written go on.
 local function hset(key, kv)  -- in slices: unpack() is bounded by Lua's C stack
@@ -58,4 +59,4 @@ for _, sec in ipairs(sections) do
   if retired > 0 then redis.call('INCRBY', KEYS[K + 5], retired) end
   replaced = replaced + retired
 end
-return replaced
+return bumped(replaced, 5 * #sections)
