@@ -113,7 +113,9 @@ def where(request, tmp_path) -> dict[str, str]:
             "GMMLSH_CACHE_DIR": str(tmp_path / "cache")}
 
 
-def _stats_when(c: httpx.Client, ready: Callable[[dict], bool], seconds: float = 120) -> dict:
+def _stats_when(c: httpx.Client, ready: Callable[[dict], bool], seconds: float = 300) -> dict:
+    """Stats once ``ready`` says so: the checks run in the upkeep worker, at a lower priority than
+    anything else on a busy machine (the wait is a timeout, not a bound on the monitor)."""
     deadline = time.monotonic() + seconds
     while True:
         stats = c.get("/stats").json()
