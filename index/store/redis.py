@@ -33,12 +33,14 @@ Groups and the epoch
 A search node of a sharded deployment follows one *group* of id-shards: ``group=(g, G)``
 restricts :meth:`token`, :meth:`changes`, :meth:`count`, :meth:`scan` and :meth:`scan_ids` to
 the shards ``s ≡ g (mod G)`` (writes, lookups and reads by iid still reach every shard). Every
-write and delete bumps ``{P}:epoch`` once, after its scripts have run and before it returns
-(so before the write is acknowledged); a grouped store reads that one key instead of its
-shards' counters when asked for the token, and reads the counters only when the epoch has
-moved since it last did (and every :data:`EPOCH_REREAD_SECONDS` anyway): an acknowledged write
-bumped the epoch before a query that follows it read it, so the query still sees the write
-(see :meth:`token`).
+write and delete bumps ``{P}:epoch`` after its scripts' writes and before it returns (so
+before the write is acknowledged): on one server each script does it as its last step (a full
+Redis lets a script that has written finish, but would refuse an ``INCR`` sent on its own), on
+a Cluster one ``INCR`` follows the scripts (a script's keys share one slot); a grouped store
+reads that one key instead of its shards' counters when asked for the token, and reads the
+counters only when the epoch has moved since it last did (and every
+:data:`EPOCH_REREAD_SECONDS` anyway): an acknowledged write bumped the epoch before a query
+that follows it read it, so the query still sees the write (see :meth:`token`).
 
 Reads
 -----
