@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
@@ -106,10 +107,12 @@ def test_answers_keep_the_promise_from_the_first_query_after_a_rest_load(name, t
 @pytest.fixture(params=["lmdb", "redis"])
 def where(request, tmp_path) -> dict[str, str]:
     """The server's index: an LMDB directory, or a fresh prefix on a real Redis (its mirror, with
-    the served sample and the monitor's estimate, in this test's cache directory)."""
+    the served sample and the monitor's estimate, in this test's cache directory). The prefix is
+    new for every run: a Redis kept between runs held the last run's vectors under the same
+    ids, which made this run's load replace them (twice the rows) and re-tune meanwhile."""
     if request.param == "lmdb":
         return {"GMMLSH_INDEX": str(tmp_path / "idx")}
-    return {"GMMLSH_REDIS_URL": request.getfixturevalue("redis_url"), "GMMLSH_PREFIX": f"t{tmp_path.name[-12:]}",
+    return {"GMMLSH_REDIS_URL": request.getfixturevalue("redis_url"), "GMMLSH_PREFIX": f"t{uuid.uuid4().hex[:12]}",
             "GMMLSH_CACHE_DIR": str(tmp_path / "cache")}
 
 
