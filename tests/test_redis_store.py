@@ -28,7 +28,10 @@ from store_contract import StoreContract, make_batch, read_all
 
 from gmmlsh.index.store.base import DiskFull, RecordBatch, StoreUnavailable
 from gmmlsh.index.store.location import mask_url, scrub
-from gmmlsh.index.store.redis import _CHUNK_BIG, _CHUNK_SMALL, _FAMILY, RedisStore
+from gmmlsh.index.store.redis import RedisStore
+from gmmlsh.index.store.redis_layout import CHUNK_BIG as _CHUNK_BIG
+from gmmlsh.index.store.redis_layout import CHUNK_SMALL as _CHUNK_SMALL
+from gmmlsh.index.store.redis_layout import FAMILY as _FAMILY
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent

@@ -1,32 +1,6 @@
 """The Redis backend: one index under one key prefix, shared by many stateless API replicas.
 
-Key layout (``P`` = prefix), the same on a single server and on a Redis Cluster
---------------------------------------------------------------------------------
-* ``{P}:config`` — the index configuration (JSON), with the store's shard count.
-* Per id shard ``s = crc32(external id) mod S`` (default ``S = 16``), every key tagged
-  ``{P:s}`` so that one Lua script can work on a shard atomically, in one Cluster slot:
-
-  - ``{P:s}:ids`` hash: external id → iid (decimal);
-  - ``{P:s}:seq`` iids handed out in the shard; an iid is ``seq·S + s``, so iids stay
-    dense and are never reused: a record under an iid never changes;
-  - ``{P:s}:live`` the shard's live vectors; ``{P:s}:dead`` the list of its retired
-    iids (the feed) and ``{P:s}:ndead`` that list's length;
-  - ``{P:s}:<f>:<c>`` hashes holding field ``f`` (``n`` name, ``v`` vector, ``k``
-    sketch, ``f`` NRFF features, ``m`` metadata) of the shard's records ``seq`` with
-    ``seq // C = c``, under the hash field ``seq mod C`` (``C`` = 1,024 for big
-    fields, 128 for small ones, which stay in Redis' compact listpack encoding). A
-    hash field costs far less memory than a key.
-
-Writes
-------
-``write`` runs ``lua/write.lua`` once for the whole batch on a single server (so a batch is
-all or nothing, a full Redis included), once per id shard the batch touches on a Cluster (one
-pipelined round trip): for each record it retires the id's old iid (its fields are
-deleted, it joins the feed), allocates the next iid, writes the fields and points the
-id at it. ``delete`` runs ``lua/delete.lua`` likewise. A script runs atomically and is
-replicated (and written to the AOF) as a ``MULTI/EXEC`` block, so a vector is all
-there or absent, and every iid the feed reports as added holds its record unless it
-has been retired since. Nothing is journaled: there is nothing half-done to clean up.
+Key layout and how a batch becomes scripts: :mod:`gmmlsh.index.store.redis_layout`.
 
 Groups and the epoch
 --------------------
@@ -67,10 +41,8 @@ import json
 import re
 import threading
 import time
-import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -79,6 +51,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
 from redis.retry import Retry
 
+from gmmlsh.index.store import redis_layout as layout
 from gmmlsh.index.store.base import (
     IID_LIMIT,
     Changes,
@@ -92,18 +65,10 @@ from gmmlsh.index.store.base import (
 from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url, scrub
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
-_FAMILY = {"name": "n", "vector": "v", "sketch": "k", "nrff": "f", "meta": "m"}
-_CHUNK_BIG, _CHUNK_SMALL = 1024, 128
-_SMALL = {"n", "m"}
 #: Fields every stored record has (NRFF features and metadata may be absent).
 _ALWAYS = ("name", "vector", "sketch")
 #: Room (bytes) a full Redis must gain beyond what it had when a write was refused to count as writable.
 _NO_ROOM = 1 << 20
-#: Bytes of records per script: bounds how long one blocks Redis (~20 ms a MiB of 784-value rows
-#: here); a batch up to this size is one script, so all or nothing.
-_SCRIPT_BYTES = 4 << 20
-#: What a record costs a script beyond its bytes (its commands), counted as bytes.
-_RECORD_COST = 256
 #: Seconds a grouped store trusts counters read at an unchanged epoch: a failover that lost the
 #: epoch's last increments could bring it back to a value it had, over other writes.
 EPOCH_REREAD_SECONDS = 1.0
@@ -112,13 +77,6 @@ _TRANSIENT = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERD
 _UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                 redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
                 redis.exceptions.RedisClusterException, OSError)
-
-
-def _script(name: str) -> str:
-    """The Lua script ``lua/<name>.lua`` after ``lua/shard.lua`` (the arguments every script starts
-    with, the key-location rule of :meth:`RedisStore._loc`, a record's retirement)."""
-    lua = resources.files("gmmlsh.index.store").joinpath("lua")
-    return lua.joinpath("shard.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
 def _guarded(fn: Callable) -> Callable:
@@ -244,7 +202,7 @@ class RedisStore:
                         probe.close()
                 make = redis.RedisCluster if cluster else redis.Redis
                 client = make.from_url(self.url, retry=retry, **kw)
-                self._scripts = {name: client.register_script(_script(name)) for name in ("write", "delete")}
+                self._scripts = {name: client.register_script(layout.script(name)) for name in ("write", "delete")}
                 self._cluster, self._client = bool(cluster), client
             return self._client
 
@@ -303,21 +261,16 @@ class RedisStore:
         return list(range(g, S, G))
 
     def _tag(self, s: int) -> str:
-        return f"{{{self.prefix}:{s}}}:"
+        return layout.tag(self.prefix, s)
 
     def _shard_keys(self, s: int) -> list[str]:
-        t = self._tag(s)
-        return [t + "ids", t + "seq", t + "live", t + "dead", t + "ndead"]
+        return layout.shard_keys(self.prefix, s)
 
     def _loc(self, iid: int, fam: str, S: int) -> tuple[str, str]:
-        """Where field ``fam`` of record ``iid`` lives: its hash key and the field in it (the rule
-        ``loc`` of ``lua/shard.lua``)."""
-        s, seq = iid % S, iid // S
-        c = _CHUNK_SMALL if fam in _SMALL else _CHUNK_BIG
-        return f"{self._tag(s)}{fam}:{seq // c}", str(seq % c)
+        return layout.loc(self.prefix, iid, fam, S)
 
     def _shard_of(self, ext_id: str, S: int) -> int:
-        return zlib.crc32(ext_id.encode("utf-8")) % S
+        return layout.shard_of(ext_id, S)
 
     def _check_policy(self) -> None:
         """Refuse to write to a Redis that may evict keys: it would lose acknowledged vectors."""
@@ -392,7 +345,7 @@ class RedisStore:
     # --- writes ----------------------------------------------------------------------------
     @_guarded
     def write(self, batch: RecordBatch) -> Written:
-        """The batch in scripts of at most :data:`_SCRIPT_BYTES` of records each, one pipelined
+        """The batch in scripts of at most ``layout.SCRIPT_BYTES`` of records each, one pipelined
         round trip: on a single server one script holds records of every shard, so a batch of
         up to that size is all or nothing, a full Redis included; on a Cluster a script's keys
         must share a slot, so each holds one id shard's. When a script of a batch that took
@@ -412,23 +365,11 @@ class RedisStore:
             records[i] = [batch.ids[i], batch.vectors[i], sk[i].tobytes(),
                           nrff[i].tobytes() if nrff is not None else b"", meta or b""]
             by_shard[self._shard_of(batch.ids[i], S)].append(i)
-        size = {i: _RECORD_COST + sum(map(len, rec)) for i, rec in records.items()}
-        calls: list[list[tuple[int, list[int]]]] = [[]]  # per script: its shards' sections (shard, rows)
-        used = 0
-        for s, members in by_shard.items():
-            for i in members:
-                new_call = calls[-1] and used + size[i] > _SCRIPT_BYTES
-                if new_call or (self._cluster and calls[-1] and calls[-1][-1][0] != s):
-                    calls.append([])
-                    used = 0
-                if not calls[-1] or calls[-1][-1][0] != s:
-                    calls[-1].append((s, []))
-                calls[-1][-1][1].append(i)
-                used += size[i]
+        calls = layout.scripts_of(by_shard, {i: sum(map(len, rec)) for i, rec in records.items()}, self._cluster)
         commands = []
         for call in calls:
             keys = [k for s, _ in call for k in self._shard_keys(s)]
-            args: list = [S, _CHUNK_BIG, _CHUNK_SMALL]
+            args: list = [S, layout.CHUNK_BIG, layout.CHUNK_SMALL]
             for s, members in call:
                 args += [s, self._tag(s), len(members), *(f for i in members for f in records[i])]
             commands.append(self._script_call("write", keys, args))
@@ -460,8 +401,8 @@ class RedisStore:
         for name, iid in pairs.items():
             by_shard[self._shard_of(name, S)] += [name] if expect is None else [name, iid]
         flag = "0" if expect is None else "1"
-        commands = [self._script_call("delete", self._shard_keys(s), [S, _CHUNK_BIG, _CHUNK_SMALL, self._tag(s), flag,
-                                                                       *members])
+        args = [S, layout.CHUNK_BIG, layout.CHUNK_SMALL]
+        commands = [self._script_call("delete", self._shard_keys(s), [*args, self._tag(s), flag, *members])
                     for s, members in by_shard.items()]
         return int(sum(self._bumped(commands)))
 
@@ -528,7 +469,7 @@ class RedisStore:
         S = self.shards
         groups: dict[str, list[tuple[str, int, str]]] = defaultdict(list)  # hash key -> (field, position, family)
         for field in fields:
-            fam = _FAMILY[field]
+            fam = layout.FAMILY[field]
             for p, iid in enumerate(a):
                 if 0 <= iid < IID_LIMIT:
                     key, f = self._loc(iid, fam, S)
@@ -659,17 +600,17 @@ class RedisStore:
         """Every iid holding any of ``fields``, in iid order, a block of sequence numbers at a time."""
         S, mine = self.shards, self.mine()
         top = max(self.token()[0::2], default=0)
-        for c in range(-(-top // _CHUNK_BIG)):
+        for c in range(-(-top // layout.CHUNK_BIG)):
             found: dict[int, dict[str, bytes]] = defaultdict(dict)
             commands, meta = [], []
             for s in mine:
                 for field in fields:
-                    fam = _FAMILY[field]
-                    step = _CHUNK_BIG // _CHUNK_SMALL if fam in _SMALL else 1
+                    fam = layout.FAMILY[field]
+                    step = layout.CHUNK_BIG // layout.chunk(fam)
                     for sub in range(step):
                         chunk = c * step + sub
                         commands.append(("HGETALL", f"{self._tag(s)}{fam}:{chunk}"))
-                        meta.append((s, field, chunk, _CHUNK_SMALL if fam in _SMALL else _CHUNK_BIG))
+                        meta.append((s, field, chunk, layout.chunk(fam)))
             for (s, field, chunk, size), reply in zip(meta, self._pipeline(commands), strict=True):
                 items = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
                 for f, v in items:
@@ -720,8 +661,8 @@ class RedisStore:
         for s, seq in enumerate(seqs):
             n = int(seq or 0)
             keys = self._shard_keys(s)
-            for fam in _FAMILY.values():
-                c = _CHUNK_SMALL if fam in _SMALL else _CHUNK_BIG
+            for fam in layout.FAMILY.values():
+                c = layout.chunk(fam)
                 keys += [f"{self._tag(s)}{fam}:{i}" for i in range(n // c + 2)]
             cmds += [("UNLINK", k) for k in keys]
         for lo in range(0, len(cmds), 4096):
