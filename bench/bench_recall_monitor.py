@@ -4,9 +4,9 @@
 
 Each arm serves a stream of held-out queries one at a time through the Python API (the same
 ``Index.query`` a server's workers run), numba on one thread; a share of them is recorded by
-the index's :class:`~gmmlsh.index.monitor.Recorder` and, as a process hands them over (every
-:data:`~gmmlsh.index.monitor.FLUSH_RECORDS` records; here also every 10,000 queries, for the
-10 s a quiet process waits), checked by the monitor's :class:`~gmmlsh.index.monitor.Checker` as
+the index's :class:`~gmmlsh.index.monitor.Recorder` and, as soon as the process has handed them
+to the inbox (every :data:`~gmmlsh.index.monitor.FLUSH_RECORDS` records; here also every 10,000
+queries, for the 10 s a quiet process waits), checked by the monitor's :class:`~gmmlsh.index.monitor.Checker` as
 the upkeep worker runs it (here in process, on one thread, its CPU time counted); a re-tune the
 monitor asks for is run then (``Index.maintain``, what the upkeep worker does). The true
 recall@10 of every served answer comes from exact search (its similarities against the true
@@ -85,7 +85,7 @@ class Stream:
             self.served += 1
             sims = np.array([nb.similarity for nb in res.neighbors])
             self.recalls.append(min(10, int(np.count_nonzero(sims >= self.tenth[i] - 1e-9))) / 10)
-            due = self.ix.recorder.held >= monitor.FLUSH_RECORDS or self.served % CHECK_EVERY == 0
+            due = monitor.pending(self.ix.mirror.dir) or self.served % CHECK_EVERY == 0
             if due and self.check(retune) and stop_after_retune:
                 return
 

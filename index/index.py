@@ -463,7 +463,7 @@ class Index:
         knobs, no filter), so a share of those the tuned search answers go to the recall monitor."""
         if flt is not None:
             return run_filtered(view, qs, k, mode, min_similarity, params, self.config, flt, self.columns)
-        watched = watched and mode in ("sketch", "postings") and self.recorder.share > 0
+        watched = watched and mode in ("sketch", "postings") and self.recorder.active
         t0 = time.thread_time() if watched else 0.0
         found = found_by(view, qs, k, mode, params, self.config)
         if watched:

@@ -243,24 +243,30 @@ class Mirror:
 
     def checkpoint(self) -> None:
         """Put everything the state names on disk, then keep a copy of it as the state a restart
-        of the machine starts from (see the module docstring). Upkeep calls it now and then."""
-        with self.locked():
-            state = self._read_state()
-            lists = state.get("lists")
-            paths = [p for col in self._columns() for p in col.paths()]
-            if lists:
-                paths += list((self.dir / lists["fit"]).glob("*"))
-            for path in paths:
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            self._write_state(dict(state), self.dir / "durable.json", durable=True)
-            self.checkpointed, self.written = time.monotonic(), False
+        of the machine starts from (see the module docstring). Upkeep calls it now and then.
+
+        It takes no lock: the state read names rows and segments already written (both are
+        only appended after), so fsyncing the files afterwards puts all of it on disk, whatever
+        is written meanwhile; a fit replaced meanwhile is the case a restart already handles (a
+        checkpoint naming a fit that is gone: no lists until upkeep makes some). Under the
+        ``sync`` lock, the fsyncs stalled every query that met the checkpoint: ~0.6 s every 30 s
+        at 2,000 writes a second."""
+        state = self._read_state()
+        lists = state.get("lists")
+        paths = [p for col in self._columns() for p in col.paths()]
+        if lists:
+            paths += list((self.dir / lists["fit"]).glob("*"))
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._write_state(dict(state), self.dir / "durable.json", durable=True)
+        self.checkpointed, self.written = time.monotonic(), False
 
     def _stamp(self) -> tuple | None:
         try:

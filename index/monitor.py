@@ -11,9 +11,12 @@ again by exact search, later and elsewhere: in the index's upkeep worker process
 search is recorded with probability ``share``, derived so that the exact re-runs cost at most
 ``budget`` (default :data:`BUDGET`, 2 %) of what the served searches cost: ``share = budget ·
 served / exact``, ``served`` the process's running mean of a served search's CPU time and
-``exact`` the worker's measured CPU time of an exact re-run (until it has measured one,
-``share = budget``). Records are kept in memory and written now and then, a small file each
-time, to the mirror directory's ``monitor/`` inbox.
+``exact`` the CPU time of an exact re-run: the worker's running mean of those it ran, and
+before it has run one the tuner's measure of the index's exact search (its wall time on all the
+threads a query may use, times their number: an over-estimate, so the share starts low rather
+than high). An index never tuned is never answered by the tuned search, so the share is always
+derived from a measure, never guessed. Records are kept in memory and written now and then, a
+small file each time, to the mirror directory's ``monitor/`` inbox.
 
 **Worker side** (:class:`Checker`): takes the inbox's records, answers each by exact search
 over the rows the index had when it was served (rows added since are left out; deletions since
@@ -49,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gmmlsh.core import parallel
 from gmmlsh.core.bundles import Query
 from gmmlsh.core.ivf import FIRST_WORDS
 from gmmlsh.index import tuner
@@ -133,16 +137,16 @@ class Recorder:
 
     @property
     def share(self) -> float:
-        """The share of served queries recorded now (see the module docstring)."""
+        """The share of served queries recorded now (see the module docstring); 0 until both
+        costs are known: the first served search measures its own, the tuning the exact one."""
         if self.fixed_share is not None:
             return self.fixed_share
-        if self.budget <= 0:
+        if self.budget <= 0 or self.exact_seconds <= 0 or self.served_seconds <= 0:
             return 0.0
-        if self.exact_seconds <= 0 or self.served_seconds <= 0:
-            return self.budget
         return min(1.0, self.budget * self.served_seconds / self.exact_seconds)
 
     def _exact_seconds(self) -> float:
+        self._read_at = time.monotonic()
         try:
             return float(json.loads(self.state_path.read_text()).get("exact_seconds") or 0.0)
         except (OSError, ValueError):
@@ -152,10 +156,12 @@ class Recorder:
         """Queries just answered by the tuned search (``found``: each one's rows and exact
         similarities, ``seconds``: the CPU time their search took; ``overrides``: the operator's):
         record a share of them."""
-        if not qs or self.share <= 0:
+        if not qs or not self.active:
             return
         per = seconds / len(qs)
         self.served_seconds = per if self.served_seconds <= 0 else 0.99 * self.served_seconds + 0.01 * per
+        if self.exact_seconds <= 0 and time.monotonic() - self._read_at > 1.0:  # tuned since we looked?
+            self.exact_seconds = self._exact_seconds()
         share, key = self.share, None
         for p, (_, sims, _) in zip(qs, found, strict=True):
             if self._rng.random() >= share:
@@ -170,6 +176,11 @@ class Recorder:
                     "exclude": int(view.iid[p.exclude]) if 0 <= p.exclude < view.rows else -1,
                     "rows": view.rows, "sims": np.pad(top, (0, tuner.NEIGHBORS - top.shape[0]), constant_values=-1.0),
                     "at": time.time(), "key": key, "overridden": bool(overrides)})
+
+    @property
+    def active(self) -> bool:
+        """Whether served queries are offered at all (the monitor is on)."""
+        return self.fixed_share > 0 if self.fixed_share is not None else self.budget > 0
 
     @property
     def held(self) -> int:
@@ -218,6 +229,7 @@ def pending(directory: str | os.PathLike) -> bool:
 def _fresh(tuned_at: float = 0.0) -> dict:
     return {"key": None, "started": tuned_at, "recalls": [], "checked": 0, "next_check": CHECKS[0],
             "overridden": False, "retune": None, "retunes": [], "previous": None, "exact_seconds": 0.0,
+            "exact_measured": False,
             "spent_seconds": 0.0, "total_checked": 0, "dropped": 0, "tuned_at": tuned_at}
 
 
@@ -317,7 +329,8 @@ class Checker:
         records = self._take()
         if not records:
             return 0
-        cost = read_state(self.dir)["exact_seconds"]
+        state = read_state(self.dir)
+        cost, measured = state["exact_seconds"], state["exact_measured"]
         checked: list[tuple[dict, float]] = []
         dropped, spent = 0, 0.0
         for lo in range(0, len(records), BATCH):
@@ -338,11 +351,12 @@ class Checker:
             self._spent += took
             spent += took
             per = took / len(batch)
-            cost = per if cost <= 0 else 0.8 * cost + 0.2 * per
+            cost = 0.8 * cost + 0.2 * per if measured else per  # the tuning's stand-in gives way at once
+            measured = True
             checked += zip(batch, recalls, strict=True)
         with self.mirror.locked("monitor"):
             state = read_state(self.dir)
-            state["exact_seconds"] = cost
+            state["exact_seconds"], state["exact_measured"] = cost, measured
             state["spent_seconds"] += spent
             state["dropped"] += dropped
             for r, recall in checked:
@@ -416,11 +430,16 @@ def _close_epoch(state: dict) -> None:
 
 
 def tuned(directory: str | os.PathLike, lock, report_: dict | None = None) -> None:
-    """A new tuning was published: the epoch ends (records served before now are dropped), and a
-    re-tune the monitor asked for is recorded as done."""
+    """A new tuning was published: the epoch ends (records served before now are dropped), a
+    re-tune the monitor asked for is recorded as done, and, until the worker has timed an exact
+    re-run, the tuning's measure of the exact search (``report_["exact_ms"]``, on up to
+    :func:`parallel.threads` threads) stands for its CPU time, so the recorders' share is derived
+    from the first query on."""
     directory = Path(directory)
     with lock("monitor"):
         state = read_state(directory)
+        if not state["exact_measured"] and (report_ or {}).get("exact_ms"):
+            state["exact_seconds"] = report_["exact_ms"] / 1e3 * parallel.threads()
         if state["retune"]:
             state["retunes"] = (state["retunes"] + [{**state["retune"], "done": time.time(),
                                                      "chosen": (report_ or {}).get("chosen")}])[-HISTORY:]

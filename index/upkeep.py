@@ -17,11 +17,14 @@ machine runs each lane at a time; the others pick up what it publishes):
   rebuilds big segments, and tunes the search.
 
 In the background, upkeep runs in a **process of its own** (:func:`main`, started by the first
-process of the machine that finds upkeep due and no worker running it; it stops once idle), at
-a lower CPU priority (``nice``): the serving processes' cores and their interpreter lock are
-the queries'. Threads beside the queries held that lock for their Python parts and made a
-query wait for it (95 ms at the median when a sync met an absorb). :meth:`Upkeep.run_now`
-does what is due in the calling thread instead (a bulk load's end, a test).
+process of the machine that finds upkeep due and no worker running it; it stops once idle): the
+serving processes' cores and their interpreter lock are the queries'. Threads beside the
+queries held that lock for their Python parts and made a query wait for it (95 ms at the median
+when a sync met an absorb). Its lanes run at a lower CPU priority (``nice``, per thread); its
+*follower* thread, which keeps the mirror up with the store, does not: it takes the ``sync``
+lock a query may wait for, and a holder starved of CPU by the queries it blocks would make
+them wait for its whole time slice (a priority inversion). :meth:`Upkeep.run_now` does what is
+due in the calling thread instead (a bulk load's end, a test).
 
 Each task is recorded (kind, lane, process, start, seconds, what it did) for the machine, not
 the process: a task under way is named in ``upkeep-<lane>.json`` of the mirror's directory and
@@ -86,6 +89,8 @@ class Upkeep:
         self._planned: tuple[View | None, dict[str, bool]] = (None, {})
         self._served: tuple[float, int] = (0.0, 0)
         self._asked: tuple[float, View | None, bool] = (0.0, None, False)
+        #: Whether a follower thread keeps the mirror up with the store (a worker's lanes then read it).
+        self._followed = False
 
     # --- what is due ------------------------------------------------------------------------
     def due(self, view: View) -> dict[str, bool]:
@@ -172,22 +177,41 @@ class Upkeep:
             return not mine
 
     def work(self, idle: float = IDLE_SECONDS) -> None:
-        """Run both lanes until neither has had work for ``idle`` seconds: a worker process's life."""
+        """Run both lanes, at a lower priority, until neither has had work for ``idle`` seconds,
+        and the follower beside them: a worker process's life."""
         stop = threading.Event()
         lanes = [threading.Thread(target=self._lane, args=(lane, idle, stop), name=f"gmmlsh-upkeep-{lane}")
                  for lane in ("fast", "slow")]
         watch = threading.Thread(target=self._monitor_lane, args=(idle, lanes), name="gmmlsh-upkeep-monitor")
+        self._followed = True
+        follower = threading.Thread(target=self._follow, args=(stop,), name="gmmlsh-upkeep-follower")
+        follower.start()
         for t in (*lanes, watch):
             t.start()
         for t in (*lanes, watch):
             t.join()
+        stop.set()
+        follower.join()
+
+    def _follow(self, stop: threading.Event) -> None:
+        """Bring the mirror up to the store every :data:`POLL_SECONDS` (at the process's own
+        priority: see the module docstring) while the lanes run."""
+        while not stop.is_set() and self.mirror.dir.exists():
+            try:
+                if self.mirror.refresh().token != self.index.store.token():  # the lock only when behind
+                    self.mirror.sync(self.index.store)
+            except Exception:  # the lanes go on with the mirror as it is; say why it fell behind
+                log.exception("index upkeep: the mirror could not follow the store")
+                stop.wait(RETRY_SECONDS)
+            stop.wait(POLL_SECONDS)
 
     def _monitor_lane(self, idle: float, lanes: list[threading.Thread]) -> None:
         """The recall monitor's checks (:mod:`gmmlsh.index.monitor`), one thread of numba, until
         the other lanes are done and no record came for ``idle`` seconds."""
         if self.index.recorder.budget <= 0:
             return
-        parallel.set_threads(1)  # beside the queries: a thread of its own, at the worker's priority
+        _lower_priority()
+        parallel.set_threads(1)  # beside the queries: a thread of its own, at the lanes' priority
         checker = monitor.Checker(self.mirror, self.config, self.index.recorder.budget, self.index.overrides)
         with self.mirror.locked("monitor-lane", blocking=False) as mine:
             if not mine:
@@ -205,6 +229,7 @@ class Upkeep:
                 time.sleep(MONITOR_POLL_SECONDS)
 
     def _lane(self, lane: str, idle: float, stop: threading.Event) -> None:
+        _lower_priority()
         with self.mirror.locked(lane, blocking=False) as mine:
             if not mine:
                 return
@@ -225,7 +250,7 @@ class Upkeep:
         done = {} if done is None else done
         tasks = self._fast_tasks if lane == "fast" else self._slow_tasks
         while True:
-            view = self.mirror.sync(self.index.store)
+            view = self.mirror.refresh() if self._followed else self.mirror.sync(self.index.store)
             task = tasks(view, queries)
             if task is None:
                 return done
@@ -440,6 +465,16 @@ def recent_events(directory, count: int) -> list[dict]:
     return out
 
 
+def _lower_priority() -> None:
+    """Lower the calling thread's CPU priority by :data:`NICE` (Linux: per thread; the threads it
+    starts, numba's pool among them, inherit it)."""
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
+    except OSError as exc:  # not allowed here: the lane runs at the process's priority
+        log.info("upkeep: priority not lowered: %s", exc)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -455,7 +490,6 @@ def main() -> None:
 
     logging.basicConfig(level=os.environ.get("GMMLSH_LOG_LEVEL", "warning").upper(),
                         format="%(asctime)s %(levelname)s %(name)s [upkeep %(process)d] %(message)s")
-    os.nice(NICE)
     args = json.loads(os.environ[WORKER_ENV])
     location = args.pop("location")
     try:

@@ -62,6 +62,21 @@ def test_served_recall_counts_ties_and_short_answers():
     assert monitor.served_recall(np.array([0.9, -1.0]), np.array([0.9, 0.1])) == 0.5  # 2 rows; 1 found
 
 
+def test_the_share_is_derived_from_the_first_query(built, data):
+    """A tuning measures the exact search: the share a budget allows is known before the worker
+    has re-run any query (not the budget itself, ~10x too many on these rows)."""
+    _, Q = data
+    assert monitor.read_state(built)["checked"] == 0  # no exact re-run timed yet
+    with _open(built) as ix:
+        exact = ix.recorder.exact_seconds
+        assert exact > 0
+        answer = ix.query(Q[0], k=10)
+        assert answer.mode == "sketch"
+        share = ix.recorder.share
+        assert share == pytest.approx(monitor.BUDGET * ix.recorder.served_seconds / exact)
+        assert 0 < share < monitor.BUDGET / 2
+
+
 def test_a_mistuned_search_is_measured_and_retuned(built, data):
     _, Q = data
     with _open(built) as ix:

@@ -125,3 +125,65 @@ def test_killed_in_the_middle_of_upkeep_the_index_opens_answers_and_checks(tmp_p
             assert top.similarity == pytest.approx(1.0)
             ix.maintain()  # what the kill interrupted, done now
             assert ix.check().ok and ix.query(got.values, k=1).neighbors[0].similarity == pytest.approx(1.0)
+
+
+def test_a_checkpoint_holds_no_lock_a_query_waits_for(tmp_path, fmnist, monkeypatch):
+    """A checkpoint's fsyncs (slow on a busy disk) run outside the mirror's ``sync`` lock: while
+    one is held on its way, another process writes and a query here applies the write and
+    answers."""
+    X, _, _, _ = fmnist
+    with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 2000), X[:2000])
+        ix.query(X[0], k=1, mode="exact")
+        inside, release = threading.Event(), threading.Event()
+        fsync = os.fsync
+
+        def slow_fsync(fd):
+            if threading.current_thread().name == "checkpoint":
+                inside.set()
+                assert release.wait(120)
+            return fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        work = threading.Thread(target=ix.mirror.checkpoint, name="checkpoint")
+        work.start()
+        try:
+            assert inside.wait(120)
+            code = textwrap.dedent(f"""
+                import numpy as np
+                from gmmlsh.index.index import Index
+                X = np.load({str(FMNIST_PATH)!r})["train"]
+                with Index.open({str(tmp_path / "i")!r}, maintain=False) as ix:
+                    ix.upsert(["written"], X[7000:7001])
+            """)
+            subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+            top = ix.query(X[7000], k=1, mode="exact").neighbors[0]
+            assert top.id == "written" and top.similarity == pytest.approx(1.0)
+            assert work.is_alive() and not release.is_set()  # the checkpoint is still on its way
+        finally:
+            release.set()
+            work.join(300)
+        assert ix.check().ok
+
+
+def test_upkeep_lanes_lower_their_own_priority_only():
+    """A worker's lanes run below the queries' priority, its follower (which takes the lock a
+    query may wait for) at the process's: the priority is lowered per thread."""
+    from gmmlsh.index import upkeep
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = {}
+
+    def lane():
+        upkeep._lower_priority()
+        seen["lane"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        child = threading.Thread(target=lambda: seen.update(child=os.getpriority(
+            os.PRIO_PROCESS, threading.get_native_id())))
+        child.start()
+        child.join()
+
+    t = threading.Thread(target=lane)
+    t.start()
+    t.join()
+    assert seen["lane"] == min(19, mine + upkeep.NICE) and seen["child"] == seen["lane"]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
