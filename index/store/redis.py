@@ -3,7 +3,8 @@
 Key layout and how a batch becomes scripts: :mod:`gmmlsh.index.store.redis_layout`. Groups,
 the epoch every write bumps and a grouped store's token read through it:
 :mod:`gmmlsh.index.store.redis_tokens`. An evicting or a full Redis:
-:mod:`gmmlsh.index.store.redis_room`.
+:mod:`gmmlsh.index.store.redis_room`. Redis' failures as the store's exceptions:
+:mod:`gmmlsh.index.store.redis_errors`.
 
 Reads
 -----
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from gmmlsh.index.store import redis_layout as layout
@@ -47,17 +48,13 @@ from gmmlsh.index.store.base import (
     Token,
     Written,
 )
-from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url, scrub
+from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url
+from gmmlsh.index.store.redis_errors import UNAVAILABLE, translate
 from gmmlsh.index.store.redis_room import RoomWatch
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 #: Fields every stored record has (NRFF features and metadata may be absent).
 _ALWAYS = ("name", "vector", "sketch")
-#: Replies that mean "not now" (the service answers 503).
-_TRANSIENT = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
-                redis.exceptions.RedisClusterException, OSError)
 
 
 def _guarded(fn: Callable) -> Callable:
@@ -69,10 +66,10 @@ def _guarded(fn: Callable) -> Callable:
             return fn(self, *args, **kwargs)
         except StoreError:
             raise
-        except (*_UNAVAILABLE, RedisError) as e:
-            if isinstance(e, _UNAVAILABLE):
+        except (*UNAVAILABLE, RedisError) as e:
+            if isinstance(e, UNAVAILABLE):
                 self._relearn_slots()
-            raise self._translate(e) from None
+            raise translate(e, self.url) from None
 
     return wrapper
 
@@ -124,17 +121,6 @@ class RedisStore:
         self._config_key = f"{{{prefix}}}:config"
 
     # --- plumbing ------------------------------------------------------------------------
-    def _translate(self, e: BaseException) -> StoreError:
-        text = scrub(str(e), self.url)
-        if isinstance(e, OutOfMemoryError) or text.startswith("OOM"):
-            return DiskFull(f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): "
-                            "nothing was written; free memory or raise maxmemory, then retry")
-        if isinstance(e, ResponseError) and not isinstance(e, _UNAVAILABLE) and not text.startswith(_TRANSIENT):
-            if "GMMLSH" in text:
-                return StoreError(text.split("GMMLSH", 1)[1].strip())
-            return StoreError(f"Redis at {mask_url(self.url)} refused a command: {text}")
-        return StoreUnavailable(f"Redis at {mask_url(self.url)} unavailable: {type(e).__name__}: {text}")
-
     def _relearn_slots(self) -> None:
         """After a node of a Cluster failed to answer: learn which node serves each slot again,
         so the next call reaches the replica promoted in its place (redis-py's pipelines keep
@@ -306,7 +292,7 @@ class RedisStore:
         if not failed:
             self._room_watch.written()
             return Written(int(rows.shape[0]), int(sum(results)))
-        err = self._translate(failed[0])
+        err = translate(failed[0], self.url)
         if isinstance(err, DiskFull):
             self._room_watch.refused(self._memory, self._on_cluster)
         err.stored = tuple(batch.ids[i] for call, r in zip(calls, results, strict=True) if not isinstance(r, Exception)

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from gmmlsh.index.store.base import StoreError, StoreUnavailable
+from gmmlsh.index.store.redis_errors import UNAVAILABLE
 
 #: Room (bytes) a full Redis must gain beyond what it had when a write was refused to count as writable.
 NO_ROOM = 1 << 20
@@ -32,7 +33,7 @@ def _room(memory: Callable[[], Any], cluster: Callable[[], bool]) -> int | None:
         return None
     try:
         mem = memory()
-    except (RedisError, RedisClusterException, OSError, StoreError):
+    except (*UNAVAILABLE, RedisError, StoreError):
         return None
     limit = int(mem.get("maxmemory", 0) or 0)
     return limit - int(mem.get("used_memory", 0)) if limit else None
