@@ -142,7 +142,7 @@ async def internal_search(request: Request) -> Response:
         raise ApiError(503, "the index is not open yet")
     body = await request.body()
     threads = request.app.state.settings.batch_threads
-    from gmmlsh.index.store.redis import SessionAhead  # here: a server of LMDB never imports redis
+    from gmmlsh.index.store.redis_tokens import SessionAhead  # here: a server of LMDB never imports redis
 
     try:
         out = await run_in_threadpool(answer_batch, index, body, threads)

@@ -1,37 +1,23 @@
 """The Redis backend: one index under one key prefix, shared by many stateless API replicas.
 
-Key layout and how a batch becomes scripts: :mod:`gmmlsh.index.store.redis_layout`.
-
-Groups and the epoch
---------------------
-A search node of a sharded deployment follows one *group* of id-shards: ``group=(g, G)``
-restricts :meth:`token`, :meth:`changes`, :meth:`count`, :meth:`scan` and :meth:`scan_ids` to
-the shards ``s ≡ g (mod G)`` (writes, lookups and reads by iid still reach every shard). Every
-write and delete bumps ``{P}:epoch`` after its scripts' writes and before it returns (so
-before the write is acknowledged): on one server each script does it as its last step (a full
-Redis lets a script that has written finish, but would refuse an ``INCR`` sent on its own), on
-a Cluster one ``INCR`` follows the scripts (a script's keys share one slot); a grouped store
-reads that one key instead of its shards' counters when asked for the token, and reads the
-counters only when the epoch has moved since it last did (and every
-:data:`EPOCH_REREAD_SECONDS` anyway): an acknowledged write bumped the epoch before a query
-that follows it read it, so the query still sees the write (see :meth:`token`).
+Key layout and how a batch becomes scripts: :mod:`gmmlsh.index.store.redis_layout`. Groups,
+the epoch every write bumps and a grouped store's token read through it:
+:mod:`gmmlsh.index.store.redis_tokens`. An evicting or a full Redis:
+:mod:`gmmlsh.index.store.redis_room`. Redis' failures as the store's exceptions:
+:mod:`gmmlsh.index.store.redis_errors`.
 
 Reads
 -----
 ``token()`` reads every shard's ``seq`` and ``ndead`` (one ``MGET`` on a single server;
-a pipeline of per-shard ``MGET`` on a Cluster); ``changes()`` turns two tokens into the
-iids added (sequence ranges) and retired (``LRANGE`` of the feeds); ``read()`` is a
-pipeline of ``HMGET`` grouped by hash.
+a pipeline of per-shard ``MGET`` on a Cluster; a grouped store only when the epoch moved);
+``changes()`` turns two tokens into the iids added (sequence ranges) and retired (``LRANGE``
+of the feeds); ``read()`` is a pipeline of ``HMGET`` grouped by hash.
 
 Durability and replays: with ``appendfsync always`` an acknowledged write survives a
 Redis crash; with ``everysec`` (Redis' default) the last second may be lost, whole
 scripts at a time. redis-py resends a command once after a dropped connection: a
 replayed write script writes the same records again under fresh iids (idempotent by
 id); a replayed delete may under-count what it removed.
-
-A Redis that may *evict* keys (``maxmemory-policy allkeys-*``) would drop acknowledged
-vectors, or the index's configuration, in silence: such a server is refused for writes.
-A full Redis (``OOM`` replies under ``noeviction``) raises :class:`DiskFull`.
 """
 
 from __future__ import annotations
@@ -40,7 +26,6 @@ import functools
 import json
 import re
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -48,10 +33,11 @@ from typing import Any
 import numpy as np
 import redis
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import NoScriptError, OutOfMemoryError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from gmmlsh.index.store import redis_layout as layout
+from gmmlsh.index.store import redis_tokens as tokens
 from gmmlsh.index.store.base import (
     IID_LIMIT,
     Changes,
@@ -62,21 +48,13 @@ from gmmlsh.index.store.base import (
     Token,
     Written,
 )
-from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url, scrub
+from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url
+from gmmlsh.index.store.redis_errors import UNAVAILABLE, translate
+from gmmlsh.index.store.redis_room import RoomWatch
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 #: Fields every stored record has (NRFF features and metadata may be absent).
 _ALWAYS = ("name", "vector", "sketch")
-#: Room (bytes) a full Redis must gain beyond what it had when a write was refused to count as writable.
-_NO_ROOM = 1 << 20
-#: Seconds a grouped store trusts counters read at an unchanged epoch: a failover that lost the
-#: epoch's last increments could bring it back to a value it had, over other writes.
-EPOCH_REREAD_SECONDS = 1.0
-#: Replies that mean "not now" (the service answers 503).
-_TRANSIENT = ("BUSY", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
-_UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
-                redis.exceptions.RedisClusterException, OSError)
 
 
 def _guarded(fn: Callable) -> Callable:
@@ -88,22 +66,12 @@ def _guarded(fn: Callable) -> Callable:
             return fn(self, *args, **kwargs)
         except StoreError:
             raise
-        except (*_UNAVAILABLE, RedisError) as e:
-            if isinstance(e, _UNAVAILABLE):
+        except (*UNAVAILABLE, RedisError) as e:
+            if isinstance(e, UNAVAILABLE):
                 self._relearn_slots()
-            raise self._translate(e) from None
+            raise translate(e, self.url) from None
 
     return wrapper
-
-
-class SessionAhead(StoreError):
-    """A session token names an epoch the store has not reached: writes acknowledged to that
-    session were lost (a failover of Redis), and waiting would not bring them back."""
-
-
-def _token_of(values: list) -> Token:
-    """A token from the shards' counters as ``MGET`` returns them (absent: 0)."""
-    return tuple(int(v) if v is not None else 0 for v in values)
 
 
 class RedisStore:
@@ -136,10 +104,8 @@ class RedisStore:
         #: The group of id-shards this store follows ((g, G)), or None: all of them.
         self.group = group
         self._epoch_key = f"{{{prefix}}}:epoch"
-        self._cached: tuple[int, Token, float] | None = None  # (epoch, token read after it, when): grouped
         self._local = threading.local()
-        self._cache_lock = threading.Lock()
-        self._reads = self._cached_ticket = 0
+        self._tokens = tokens.GroupTokens()
         self._new_shards = shards
         self._want_cluster = cluster
         self._socket_timeout = socket_timeout
@@ -150,23 +116,11 @@ class RedisStore:
         self._closed = False
         self._shards: int | None = None
         self._token_keys: list[str] | None = None  # what token() reads, made once
-        self._policy_ok = False
-        self._refused_at: int | None = None  # room below maxmemory when a write was last refused for want of it
+        self._room_watch = RoomWatch(mask_url(url))
         self._scripts: dict[str, Any] = {}
         self._config_key = f"{{{prefix}}}:config"
 
     # --- plumbing ------------------------------------------------------------------------
-    def _translate(self, e: BaseException) -> StoreError:
-        text = scrub(str(e), self.url)
-        if isinstance(e, OutOfMemoryError) or text.startswith("OOM"):
-            return DiskFull(f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): "
-                            "nothing was written; free memory or raise maxmemory, then retry")
-        if isinstance(e, ResponseError) and not isinstance(e, _UNAVAILABLE) and not text.startswith(_TRANSIENT):
-            if "GMMLSH" in text:
-                return StoreError(text.split("GMMLSH", 1)[1].strip())
-            return StoreError(f"Redis at {mask_url(self.url)} refused a command: {text}")
-        return StoreUnavailable(f"Redis at {mask_url(self.url)} unavailable: {type(e).__name__}: {text}")
-
     def _relearn_slots(self) -> None:
         """After a node of a Cluster failed to answer: learn which node serves each slot again,
         so the next call reaches the replica promoted in its place (redis-py's pipelines keep
@@ -272,61 +226,21 @@ class RedisStore:
     def _shard_of(self, ext_id: str, S: int) -> int:
         return layout.shard_of(ext_id, S)
 
-    def _check_policy(self) -> None:
-        """Refuse to write to a Redis that may evict keys: it would lose acknowledged vectors."""
-        if self._policy_ok:
-            return
-        try:
-            info = self._r().info("memory")
-        except ResponseError:  # INFO disabled: the operator's word is all there is
-            self._policy_ok = True
-            return
-        if self._cluster:  # one reply per node
-            policies = {v.get("maxmemory_policy") for v in info.values()} if isinstance(info, dict) and all(
-                isinstance(v, dict) for v in info.values()) else {info.get("maxmemory_policy")}
-        else:
-            policies = {info.get("maxmemory_policy")}
-        bad = sorted(str(p) for p in policies if p and str(p).startswith("allkeys"))
-        if bad:
-            raise StoreUnavailable(
-                f"Redis at {mask_url(self.url)} may evict keys (maxmemory-policy {bad[0]}): it would lose "
-                "acknowledged vectors in silence; set maxmemory-policy noeviction (or a volatile-* policy)")
-        self._policy_ok = True
+    def _memory(self) -> Any:
+        """``INFO memory`` (on a Cluster, one reply per node): what :class:`RoomWatch` reads."""
+        return self._r().info("memory")
+
+    def _on_cluster(self) -> bool:
+        return self._cluster
 
     def eviction_problem(self) -> str | None:
         """Why this Redis cannot take writes safely (an evicting memory policy), or None."""
-        try:
-            self._check_policy()
-        except StoreUnavailable as e:
-            return str(e)
-        return None
-
-    def _room(self) -> int | None:
-        """Bytes below maxmemory (negative: above it), or None: no limit, a Cluster, INFO refused."""
-        if self._cluster:
-            return None
-        try:
-            mem = self._r().info("memory")
-        except (*_UNAVAILABLE, RedisError, StoreError):
-            return None
-        limit = int(mem.get("maxmemory", 0) or 0)
-        return limit - int(mem.get("used_memory", 0)) if limit else None
+        return self._room_watch.eviction_problem(self._memory, self._on_cluster)
 
     @_guarded
     def write_problem(self) -> str | None:
-        """An evicting Redis, or a full one: within 1 % of maxmemory, or with no more room than
-        when this process's last write was refused for want of it (a batch is refused whole,
-        so memory can stay below the limit; cleared by the next write that succeeds)."""
-        problem = self.eviction_problem()
-        if problem is None and not self._cluster:
-            mem = self._r().info("memory")
-            limit = int(mem.get("maxmemory", 0) or 0)
-            room = limit - int(mem.get("used_memory", 0))
-            refused = self._refused_at is not None and room < self._refused_at + _NO_ROOM
-            if limit and (room <= 0.01 * limit or refused):
-                problem = (f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): writes are "
-                           "refused until memory is freed or maxmemory raised")
-        return problem
+        """An evicting Redis, or a full one (:meth:`RoomWatch.write_problem`), or None."""
+        return self._room_watch.write_problem(self._memory, self._on_cluster)
 
     # --- configuration -----------------------------------------------------------------
     @_guarded
@@ -354,7 +268,7 @@ class RedisStore:
         rows = batch.last_rows()
         if rows.shape[0] == 0:
             return Written(0, 0)
-        self._check_policy()
+        self._room_watch.check_policy(self._memory, self._on_cluster)  # an evicting Redis is refused
         S = self.shards
         sk = np.asarray(batch.sketches)
         nrff = np.asarray(batch.nrff, dtype=np.float32) if batch.nrff is not None else None
@@ -376,11 +290,11 @@ class RedisStore:
         results = self._bumped(commands, errors=True)
         failed = [r for r in results if isinstance(r, Exception)]
         if not failed:
-            self._refused_at = None
+            self._room_watch.written()
             return Written(int(rows.shape[0]), int(sum(results)))
-        err = self._translate(failed[0])
+        err = translate(failed[0], self.url)
         if isinstance(err, DiskFull):
-            self._refused_at = self._room()
+            self._room_watch.refused(self._memory, self._on_cluster)
         err.stored = tuple(batch.ids[i] for call, r in zip(calls, results, strict=True) if not isinstance(r, Exception)
                            for _, members in call for i in members)
         if err.stored:
@@ -407,8 +321,8 @@ class RedisStore:
         return int(sum(self._bumped(commands)))
 
     def _bumped(self, commands: list[tuple], errors: bool = False) -> list[Any]:
-        """Run write scripts (made by :meth:`_script_call`), the epoch bumped after them (see the
-        module docstring); the scripts' own values (with ``errors``, a command's error in its
+        """Run write scripts (made by :meth:`_script_call`), the epoch bumped after them (why:
+        :mod:`gmmlsh.index.store.redis_tokens`); the scripts' own values (with ``errors``, a command's error in its
         place, as :meth:`_pipeline` leaves it). On one server each script bumps it as its last
         step (a full Redis lets a script that has written finish, but refuses an ``INCR`` sent on
         its own); on a Cluster a script's keys share one slot, so the ``INCR`` follows once the
@@ -441,9 +355,8 @@ class RedisStore:
 
     def assume_epoch(self, epoch: int | None) -> None:
         """Tell this thread's next :meth:`token` reads of a grouped store that the epoch was
-        ``epoch`` when the caller's query arrived (a router read it): no read of it is needed
-        when the token cached is at least that recent. None: read it."""
-        self._local.assumed = epoch
+        ``epoch`` when the caller's query arrived (see :meth:`GroupTokens.assume`). None: read it."""
+        self._tokens.assume(epoch)
 
     # --- reads -----------------------------------------------------------------------------
     @_guarded
@@ -492,42 +405,18 @@ class RedisStore:
     @_guarded
     def token(self) -> Token:
         """Where the feed of the shards this store follows stands. A grouped store reads the
-        epoch first and the shards' counters only if it moved since they were last read (a
-        token read after epoch ``e`` holds every write that bumped the epoch to ``e`` or less).
-        Such a token may be older than one another process read since (a mirror it synced):
+        epoch first and the shards' counters only if it moved (:meth:`GroupTokens.token`); such
+        a token may be older than one another process read since (a mirror it synced):
         :meth:`token_fresh` reads the counters now."""
         if self.group is None:
             return self._counters()
-        cached = self._cached
-        fresh = cached is not None and time.monotonic() - cached[2] < EPOCH_REREAD_SECONDS
-        assumed = getattr(self._local, "assumed", None)
-        if fresh and assumed is not None and assumed <= cached[0]:
-            return cached[1]
-        epoch = self.epoch()
-        if assumed is not None and epoch < assumed:
-            raise SessionAhead(f"the session token (epoch {assumed}) is ahead of the store (epoch {epoch}): "
-                               "writes acknowledged to this session were lost (a Redis failover?)")
-        if fresh and epoch == cached[0]:
-            return cached[1]
-        return self._read_after(epoch)
+        return self._tokens.token(self.epoch, self._counters)
 
     def token_fresh(self) -> Token:
         """The counters read now (a grouped store's cache brought up to them)."""
         if self.group is None:
             return self._counters()
-        return self._read_after(self.epoch())
-
-    def _read_after(self, epoch: int) -> Token:
-        """The counters, read after ``epoch`` was; cached unless a read that started later got
-        there first (threads race: the cache only ever moves to a later read)."""
-        with self._cache_lock:
-            self._reads += 1
-            ticket = self._reads
-        now = self._counters()
-        with self._cache_lock:
-            if ticket > self._cached_ticket:
-                self._cached, self._cached_ticket = (epoch, now, time.monotonic()), ticket
-        return now
+        return self._tokens.read_after(self.epoch(), self._counters)
 
     def _counters(self) -> Token:
         """``seq`` and ``ndead`` of each shard of :meth:`mine`, read now."""
@@ -541,41 +430,15 @@ class RedisStore:
                                                      for i in range(len(mine))]) for v in reply]
         else:
             values = r.mget(keys)
-        return _token_of(values)
+        return tokens.token_of(values)
 
     def token_later(self) -> Callable[[], Token]:
         """The token's ``MGET`` sent now on a connection of its own, its reply read when asked
-        for: a query searches its mirror while the round trip travels (docs/tuning.md). Any failure,
-        and a Cluster or a group, fall back to :meth:`token`."""
+        for (:func:`redis_tokens.mget_later`). A Cluster or a group, and any failure, fall back
+        to :meth:`token`."""
         if self._cluster or self._token_keys is None or self.group is not None:
-            return self._token_now()
-        pool = self._r().connection_pool
-        try:
-            conn = pool.get_connection()
-        except Exception:  # noqa: BLE001 - token() says what is wrong, with the retry policy
-            return self._token_now()
-        try:
-            conn.send_command("MGET", *self._token_keys)
-        except Exception:  # noqa: BLE001
-            conn.disconnect()
-            pool.release(conn)
-            return self._token_now()
-
-        def reply() -> Token:
-            try:
-                values = conn.read_response()
-            except Exception:  # noqa: BLE001 - the connection is dropped, the token read again
-                conn.disconnect()
-                return self.token()
-            finally:
-                pool.release(conn)
-            return _token_of(values)
-
-        return reply
-
-    def _token_now(self) -> Callable[[], Token]:
-        now = self.token()
-        return lambda: now
+            return tokens.ready(self.token())
+        return tokens.mget_later(self._r().connection_pool, self._token_keys, self.token)
 
     @_guarded
     def changes(self, since: Token | None) -> Changes:
