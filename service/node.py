@@ -25,6 +25,7 @@ from starlette.responses import Response
 from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 from gmmlsh.index.records import SparseRow
+from gmmlsh.index.store.redis_tokens import SessionAhead  # imports no redis: an LMDB server loads none
 from gmmlsh.results import QueryResult
 from gmmlsh.service.errors import ApiError
 from gmmlsh.service.wire import MEDIA, NodeAnswer, NodeQuery, WireError, decode_queries, encode_answers
@@ -142,8 +143,6 @@ async def internal_search(request: Request) -> Response:
         raise ApiError(503, "the index is not open yet")
     body = await request.body()
     threads = request.app.state.settings.batch_threads
-    from gmmlsh.index.store.redis_tokens import SessionAhead  # here: a server of LMDB never imports redis
-
     try:
         out = await run_in_threadpool(answer_batch, index, body, threads)
     except SessionAhead as exc:

@@ -49,7 +49,7 @@ from gmmlsh.index.store.base import (
     Written,
 )
 from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url
-from gmmlsh.index.store.redis_errors import UNAVAILABLE, translate
+from gmmlsh.index.store.redis_errors import UNAVAILABLE, out_of_memory, translate
 from gmmlsh.index.store.redis_room import RoomWatch
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
@@ -300,9 +300,8 @@ class RedisStore:
         if err.stored:
             what = (f"{len(err.stored)} of the batch's {rows.shape[0]} vectors were stored (it took {len(calls)} "
                     "scripts, run one by one), the others were not; the stored ids are in .stored")
-            err.args = (f"Redis is out of memory at {mask_url(self.url)} (its maxmemory is reached): {what}; free "
-                        "memory or raise maxmemory, then send the batch again" if isinstance(err, DiskFull)
-                        else f"{err} ({what})",)
+            err.args = (out_of_memory(mask_url(self.url), f"{what}; free memory or raise maxmemory, then send "
+                                      "the batch again") if isinstance(err, DiskFull) else f"{err} ({what})",)
         raise err
 
     @_guarded

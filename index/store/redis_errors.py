@@ -20,13 +20,19 @@ UNAVAILABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                redis.exceptions.RedisClusterException, OSError)
 
 
+def out_of_memory(where: str, then: str) -> str:
+    """The message of a Redis at ``where`` (its address, masked) that refused a write for want
+    of memory, ``then`` saying what was written and what to do."""
+    return f"Redis is out of memory at {where} (its maxmemory is reached): {then}"
+
+
 def translate(e: BaseException, url: str) -> StoreError:
     """The store's exception for a failure ``e`` of the Redis at ``url`` (its password kept out
     of the message)."""
     text = scrub(str(e), url)
     if isinstance(e, OutOfMemoryError) or text.startswith("OOM"):
-        return DiskFull(f"Redis is out of memory at {mask_url(url)} (its maxmemory is reached): "
-                        "nothing was written; free memory or raise maxmemory, then retry")
+        return DiskFull(out_of_memory(mask_url(url), "nothing was written; free memory or raise maxmemory, "
+                                      "then retry"))
     if isinstance(e, ResponseError) and not isinstance(e, UNAVAILABLE) and not text.startswith(TRANSIENT):
         if "GMMLSH" in text:
             return StoreError(text.split("GMMLSH", 1)[1].strip())

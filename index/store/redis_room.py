@@ -20,7 +20,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from gmmlsh.index.store.base import StoreError, StoreUnavailable
-from gmmlsh.index.store.redis_errors import UNAVAILABLE
+from gmmlsh.index.store.redis_errors import UNAVAILABLE, out_of_memory
 
 #: Room (bytes) a full Redis must gain beyond what it had when a write was refused to count as writable.
 NO_ROOM = 1 << 20
@@ -93,8 +93,8 @@ class RoomWatch:
             room = limit - int(mem.get("used_memory", 0))
             refused = self._refused_at is not None and room < self._refused_at + NO_ROOM
             if limit and (room <= 0.01 * limit or refused):
-                problem = (f"Redis is out of memory at {self._where} (its maxmemory is reached): writes are "
-                           "refused until memory is freed or maxmemory raised")
+                problem = out_of_memory(self._where, "writes are refused until memory is freed or maxmemory "
+                                        "raised")
         return problem
 
     def refused(self, memory: Callable[[], Any], cluster: Callable[[], bool]) -> None:
