@@ -23,6 +23,20 @@ def _ids(a, b):
     return [f"v{i}" for i in range(a, b)]
 
 
+def _write_elsewhere_and_find_it(ix: Index, path, X) -> None:
+    """Another process upserts training image 7000 as "written"; ``ix`` finds it at once."""
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from gmmlsh.index.index import Index
+        X = np.load({str(FMNIST_PATH)!r})["train"]
+        with Index.open({str(path)!r}, maintain=False) as ix:
+            ix.upsert(["written"], X[7000:7001])
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    top = ix.query(X[7000], k=1, mode="exact").neighbors[0]
+    assert top.id == "written" and top.similarity == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("lane", ["fast", "slow"])
 def test_a_query_after_a_write_never_waits_for_upkeep(tmp_path, fmnist, monkeypatch, lane):
     """Upkeep is held in the middle of a task — a segment being built (fast lane) or a tuning
@@ -48,16 +62,7 @@ def test_a_query_after_a_write_never_waits_for_upkeep(tmp_path, fmnist, monkeypa
         work.start()
         try:
             assert inside.wait(120)
-            code = textwrap.dedent(f"""
-                import numpy as np
-                from gmmlsh.index.index import Index
-                X = np.load({str(FMNIST_PATH)!r})["train"]
-                with Index.open({str(tmp_path / "i")!r}, maintain=False) as ix:
-                    ix.upsert(["written"], X[7000:7001])
-            """)
-            subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
-            top = ix.query(X[7000], k=1, mode="exact").neighbors[0]
-            assert top.id == "written" and top.similarity == pytest.approx(1.0)
+            _write_elsewhere_and_find_it(ix, tmp_path / "i", X)
             assert ix.query(X[7000], k=1).neighbors[0].id == "written"  # the tuned search, the tail scanned
             assert work.is_alive() and not release.is_set()  # the upkeep is still held: nobody waited for it
         finally:
@@ -149,16 +154,7 @@ def test_a_checkpoint_holds_no_lock_a_query_waits_for(tmp_path, fmnist, monkeypa
         work.start()
         try:
             assert inside.wait(120)
-            code = textwrap.dedent(f"""
-                import numpy as np
-                from gmmlsh.index.index import Index
-                X = np.load({str(FMNIST_PATH)!r})["train"]
-                with Index.open({str(tmp_path / "i")!r}, maintain=False) as ix:
-                    ix.upsert(["written"], X[7000:7001])
-            """)
-            subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
-            top = ix.query(X[7000], k=1, mode="exact").neighbors[0]
-            assert top.id == "written" and top.similarity == pytest.approx(1.0)
+            _write_elsewhere_and_find_it(ix, tmp_path / "i", X)
             assert work.is_alive() and not release.is_set()  # the checkpoint is still on its way
         finally:
             release.set()
