@@ -8,21 +8,24 @@ without loading numba, the index or the server.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Neighbor:
-    """One hit: its id, its exact similarity to the query under the answer's mode, its metadata."""
+class Neighbor(NamedTuple):
+    """One hit: its id, its exact similarity to the query under the answer's mode, its metadata.
+
+    Immutable, and a named tuple rather than a frozen dataclass: an answer makes ``k`` of them,
+    and a frozen dataclass takes four times as long to make (2.0 against 0.5 µs: ~15 µs a query
+    at k = 10, 3 % of a query at 60,000 rows)."""
 
     id: str
     similarity: float
     metadata: dict | None = None
 
 
-@dataclass(frozen=True)
-class QueryResult:
+class QueryResult(NamedTuple):
     """An answer: the search that produced it (``mode``: ``sketch``, ``postings``, ``exact`` or
     ``nrff``), the ``k`` asked for, how many vectors it scored exactly (``candidates``) and the
     neighbours, best first."""
