@@ -1,13 +1,14 @@
 """Queries/s of one fixed search on an index, for before/after comparisons of the query path.
 
-    python -m bench.bench_fixed_search INDEX [--queries 1000] [--rounds 3]
+    python -m bench.bench_fixed_search INDEX ../shared/data/fashion-mnist.npz [--queries 1000] [--rounds 3]
 
 Opens ``INDEX`` (built by the version under test) with the same search forced on it
 (``probes`` 8, ``shortlist`` 250, 4 rank bits, 100 candidates: the tuner's choice, which
-varies run to run, taken out of the comparison), one thread, and times Fashion-MNIST's first
-test images one per call and as one ``query_batch``; prints the median round as JSON. Uses
-only the API every version has (``Index.open(search=...)``, ``query``, ``query_batch``), so the
-same file times an older checkout: run it with that checkout's package first on the path.
+varies run to run, taken out of the comparison), one thread, and times the first test images
+of the ``.npz`` one per call and as one ``query_batch``; prints the median round as JSON. It
+imports nothing of the repository but the API every version has (``Index.open(search=...)``,
+``query``, ``query_batch``), so the same file times an older checkout: run it from outside the
+repository with that checkout's package first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import time
 
 import numpy as np
 
-from bench.common import DATA
 from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
@@ -28,6 +28,7 @@ SEARCH = {"probes": 8, "shortlist": 250, "rank_bits": 4, "candidates": 100}
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("index")
+    p.add_argument("data", help="an .npz holding the queries as 'test'")
     p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
@@ -37,7 +38,7 @@ def main() -> None:
         import numba
 
         numba.set_num_threads(1)
-    Q = np.load(DATA / "fashion-mnist.npz")["test"].astype(np.float32)[:a.queries]
+    Q = np.load(a.data)["test"].astype(np.float32)[:a.queries]
     with Index.open(a.index, maintain=False, search=SEARCH) as ix:
         ix.warm()
         for q in Q[:200]:

@@ -251,22 +251,27 @@ class Mirror:
         checkpoint naming a fit that is gone: no lists until upkeep makes some). Under the
         ``sync`` lock, the fsyncs stalled every query that met the checkpoint: ~0.6 s every 30 s
         at 2,000 writes a second."""
-        state = self._read_state()
-        lists = state.get("lists")
-        paths = [p for col in self._columns() for p in col.paths()]
-        if lists:
-            paths += list((self.dir / lists["fit"]).glob("*"))
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        self._write_state(dict(state), self.dir / "durable.json", durable=True)
-        self.checkpointed, self.written = time.monotonic(), False
+        self.written = False  # before the state is read: what is written meanwhile sets it again
+        try:
+            state = self._read_state()
+            lists = state.get("lists")
+            paths = [p for col in self._columns() for p in col.paths()]
+            if lists:
+                paths += list((self.dir / lists["fit"]).glob("*"))
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            self._write_state(dict(state), self.dir / "durable.json", durable=True)
+        except BaseException:
+            self.written = True
+            raise
+        self.checkpointed = time.monotonic()
 
     def _stamp(self) -> tuple | None:
         try:
