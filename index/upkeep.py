@@ -467,7 +467,7 @@ def recent_events(directory, count: int) -> list[dict]:
 
 def _lower_priority() -> None:
     """Lower the calling thread's CPU priority by :data:`NICE` (Linux: per thread; the threads it
-    starts, numba's pool among them, inherit it)."""
+    starts, :mod:`gmmlsh.core.parallel`'s pool threads among them, inherit it)."""
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
