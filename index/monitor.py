@@ -14,8 +14,9 @@ served / exact``, ``served`` the process's running mean of a served search's CPU
 ``exact`` the CPU time of an exact re-run: the worker's running mean of those it ran, and
 before it has run one the tuner's measure of the index's exact search (its wall time on all the
 threads a query may use, times their number: an over-estimate, so the share starts low rather
-than high). An index never tuned is never answered by the tuned search, so the share is always
-derived from a measure, never guessed. Records are kept in memory and written now and then, a
+than high); where neither is known (the monitor's state was lost), a process records its first
+served query alone, for the worker to time. The share is always derived from a measure, never
+guessed. Records are kept in memory and written now and then, a
 small file each time, to the mirror directory's ``monitor/`` inbox.
 
 **Worker side** (:class:`Checker`): takes the inbox's records, answers each by exact search
@@ -134,6 +135,8 @@ class Recorder:
         self.exact_seconds = self._exact_seconds()
         #: A share fixed by hand instead of derived from the budget (a benchmark's, a test's).
         self.fixed_share: float | None = None
+        #: Whether this process recorded a query for want of a measured exact cost (once).
+        self._probed = False
 
     @property
     def share(self) -> float:
@@ -163,8 +166,11 @@ class Recorder:
         if self.exact_seconds <= 0 and time.monotonic() - self._read_at > 1.0:  # tuned since we looked?
             self.exact_seconds = self._exact_seconds()
         share, key = self.share, None
-        for p, (_, sims, _) in zip(qs, found, strict=True):
-            if self._rng.random() >= share:
+        probe = self.exact_seconds <= 0 and self.fixed_share is None and not self._probed
+        if probe:  # nothing measured an exact re-run: this query alone, to have one timed
+            self._probed, self._flushed_at = True, float("-inf")
+        for i, (p, (_, sims, _)) in enumerate(zip(qs, found, strict=True)):
+            if not (probe and i == 0) and self._rng.random() >= share:
                 continue
             key = key or epoch_key(view, overrides)
             nz = p.coordinates()

@@ -77,6 +77,29 @@ def test_the_share_is_derived_from_the_first_query(built, data):
         assert 0 < share < monitor.BUDGET / 2
 
 
+def test_without_a_measured_cost_one_query_is_recorded_to_measure_it(built, data, tmp_path):
+    """The monitor's state lost (no exact cost known, no tuning since): the first served query is
+    recorded alone and handed over at once; the worker's re-run gives the cost the share needs."""
+    import shutil
+
+    _, Q = data
+    path = tmp_path / "copy"
+    shutil.copytree(built, path)
+    for state in path.rglob("monitor.json"):
+        state.unlink()
+    with _open(path) as ix:
+        assert ix.recorder.exact_seconds == 0
+        answers = [ix.query(q, k=10) for q in Q[:3]]
+        assert {a.mode for a in answers} == {"sketch"} and ix.recorder.share == 0
+        assert monitor.pending(ix.mirror.dir) and ix.recorder.held == 0  # one record, handed over
+        done = ix.maintain()
+        assert done["monitor"] == [{"checked": 1}]
+        state = monitor.read_state(ix.mirror.dir)
+        assert state["exact_measured"] and state["exact_seconds"] > 0
+        ix.query(Q[3], k=10)
+        assert ix.recorder.held == 0  # one probe a process: no second record at share 0
+
+
 def test_a_mistuned_search_is_measured_and_retuned(built, data):
     _, Q = data
     with _open(built) as ix:
