@@ -26,17 +26,22 @@ from gmmlsh.index.store.redis_errors import UNAVAILABLE, out_of_memory
 NO_ROOM = 1 << 20
 
 
+def _room_of(mem: dict) -> tuple[int, int] | None:
+    """(bytes below maxmemory — negative: above it —, maxmemory) of an ``INFO memory`` reply, or
+    None when the Redis has no limit."""
+    limit = int(mem.get("maxmemory", 0) or 0)
+    return (limit - int(mem.get("used_memory", 0)), limit) if limit else None
+
+
 def _room(memory: Callable[[], Any], cluster: Callable[[], bool]) -> int | None:
-    """Bytes below maxmemory (negative: above it), or None: no limit, a Cluster, ``INFO`` refused
-    or failing."""
+    """Bytes below maxmemory, or None: no limit, a Cluster, ``INFO`` refused or failing."""
     if cluster():
         return None
     try:
-        mem = memory()
+        room = _room_of(memory())
     except (*UNAVAILABLE, RedisError, StoreError):
         return None
-    limit = int(mem.get("maxmemory", 0) or 0)
-    return limit - int(mem.get("used_memory", 0)) if limit else None
+    return room[0] if room else None
 
 
 class RoomWatch:
@@ -87,12 +92,11 @@ class RoomWatch:
         so memory can stay below the limit; cleared by the next write that succeeds). On a
         Cluster, only the policy is looked at."""
         problem = self.eviction_problem(memory, cluster)
-        if problem is None and not cluster():
-            mem = memory()
-            limit = int(mem.get("maxmemory", 0) or 0)
-            room = limit - int(mem.get("used_memory", 0))
+        got = _room_of(memory()) if problem is None and not cluster() else None
+        if got is not None:
+            room, limit = got
             refused = self._refused_at is not None and room < self._refused_at + NO_ROOM
-            if limit and (room <= 0.01 * limit or refused):
+            if room <= 0.01 * limit or refused:
                 problem = out_of_memory(self._where, "writes are refused until memory is freed or maxmemory "
                                         "raised")
         return problem
