@@ -11,9 +11,12 @@ after another:
 2. SIGKILL a search node, restart it on its disk (it catches up from its state);
 3. wipe a node's disk and restart it: it starts from its group's snapshot (Redis'
    ``INFO commandstats``: HMGET calls during its start, against a replay);
-4. SIGKILL the Redis master of an id-shard (its replica is promoted; nothing in WAIT is
-   offered, so writes acknowledged in the last moments may be lost: counted, and only the
-   shards that went back are resynced — the nodes' logs say which);
+4. SIGKILL the Redis master of an id-shard: its replica is promoted, the old master is started
+   again and rejoins as the new one's replica. With ``--wait 1`` (``GMMLSH_REDIS_WAIT``, the
+   default here) a write is acknowledged once a replica holds it, so nothing acknowledged is
+   lost; writes to a master without a live replica fail (503) until it has one. With
+   ``--wait 0`` writes acknowledged in the master's last moments may be lost: counted, and
+   only the shards that went back are resynced — the nodes' logs say which;
 5. ``redis-cli --cluster reshard`` of 3,000 slots under load;
 6. SIGSTOP one replica of a group for 5 s (the router hedges to the other);
 7. grow G from 2 to 4 while serving: the router switches once the 4 new nodes are ready;
@@ -53,16 +56,19 @@ def cli(port: int, *args: str, timeout: float = 120) -> str:
                           timeout=timeout).stdout
 
 
+def redis_node(work: Path, p: int) -> subprocess.Popen:
+    """The Cluster's node on port ``p`` (its data and ``nodes.conf`` in ``work``: a restart rejoins)."""
+    d = work / f"redis{p}"
+    d.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--dir", str(d), "--cluster-enabled", "yes",
+         "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1500", "--save", "",
+         "--appendonly", "yes", "--appendfsync", "everysec"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+
+
 def start_cluster(work: Path, port: int) -> dict[int, subprocess.Popen]:
-    procs = {}
-    for p in range(port, port + 6):
-        d = work / f"redis{p}"
-        d.mkdir(parents=True)
-        procs[p] = subprocess.Popen(
-            ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--dir", str(d), "--cluster-enabled", "yes",
-             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1500", "--save", "",
-             "--appendonly", "yes", "--appendfsync", "everysec"], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+    procs = {p: redis_node(work, p) for p in range(port, port + 6)}
     time.sleep(1.0)
     subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in range(port, port + 6)],
                     "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=120)
@@ -215,6 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", type=int, default=6000)
     ap.add_argument("--phase-seconds", type=float, default=15.0)
     ap.add_argument("--port", type=int, default=7020, help="first of the Cluster's 6 ports")
+    ap.add_argument("--wait", type=int, default=1, help="replicas a write waits for (GMMLSH_REDIS_WAIT)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     from gmmlsh.index.config import IndexConfig
@@ -229,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     env = {"NUMBA_NUM_THREADS": "1", "GMMLSH_SNAPSHOTS": str(snaps), "GMMLSH_SNAPSHOT_EVERY": "3",
            "GMMLSH_LOG_LEVEL": "info"}
     nodes: dict[str, Proc] = {}
-    report: dict = {"rows": args.rows, "events": []}
+    report: dict = {"rows": args.rows, "wait": args.wait, "events": []}
 
     def note(text: str, **facts) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text} {json.dumps(facts) if facts else ''}", flush=True)
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
             for r in "ab":
                 start_node(f"g{g}of2{r}", f"{g}/2")
         router = Proc(["route", "--redis", url, "--prefix", PREFIX], work / "router.log",
-                      {"NUMBA_NUM_THREADS": "1"})
+                      {"NUMBA_NUM_THREADS": "1", "GMMLSH_REDIS_WAIT": str(args.wait)})
         for p in nodes.values():
             p.wait()
         router.wait({"groups": 2})
@@ -312,6 +319,10 @@ def main(argv: list[str] | None = None) -> None:
                 pass
             time.sleep(0.2)
         note("replica promoted", seconds=round(time.perf_counter() - t0, 1), new_master=owner(alive, slot)["port"])
+        cluster[m["port"]] = redis_node(work, m["port"])
+        while "master_link_status:up" not in cli(m["port"], "info", "replication") and time.perf_counter() - t0 < 120:
+            time.sleep(0.2)
+        note("old master back as a replica", seconds=round(time.perf_counter() - t0, 1))
         time.sleep(args.phase_seconds)
 
         phase("5 reshard under load")

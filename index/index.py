@@ -47,6 +47,7 @@ from gmmlsh.index.search import (
     MODE_ALIASES,
     MODES,
     answer,
+    check_codes,
     found_by,
     prepare_row,
     prepare_vectors,
@@ -318,16 +319,20 @@ class Index:
     # --- queries -------------------------------------------------------------------------------
     def query(self, vector=None, *, id: str | None = None, k: int = DEFAULT_K, mode: str = "auto",
               min_similarity: float = 0.0, candidates: int | None = None, probes: int | None = None,
-              filter: dict | Filter | None = None) -> QueryResult:
+              filter: dict | Filter | None = None, codes: np.ndarray | None = None) -> QueryResult:
         """Nearest neighbours of a vector (dense, ``(indices, values)`` or a 1-row CSR) or of a
         stored id (which is then left out); with a ``filter`` (:mod:`gmmlsh.index.filters`),
         the nearest of the vectors whose metadata pass it. ``mode``: ``auto`` (the search the index
-        tuned for itself), or ``sketch``, ``postings``, ``exact``, ``nrff`` (see :data:`MODES`)."""
+        tuned for itself), or ``sketch``, ``postings``, ``exact``, ``nrff`` (see :data:`MODES`).
+        ``codes``: the vector's codes ``(1, samples)`` when the caller hashed it already
+        (:func:`~gmmlsh.index.search.query_codes`: a router hashes a query once for all groups)."""
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
         flt = as_filter(filter)
         X32 = query_rows(vector, self.config.dim) if vector is not None else None
+        if codes is not None:
+            codes = check_codes(codes, 1, self.config)
         if X32 is not None:
             self.served.add(X32, own=True)
         if id is not None:
@@ -349,18 +354,21 @@ class Index:
                 with sparse_query(X32, self.config) as q:
                     return self._answer(view, [q], k, how, min_similarity, params, flt, watched)[0]
             else:
-                q = prepare_vectors(X32, self.config, sketch=how == "sketch")[0]
+                q = prepare_vectors(X32, self.config, sketch=how == "sketch", codes=codes)[0]
             return self._answer(view, [q], k, how, min_similarity, params, flt, watched)[0]
 
         return self._current(on)
 
     def query_batch(self, X, *, k: int = DEFAULT_K, mode: str = "auto", min_similarity: float = 0.0,
                     candidates: int | None = None, probes: int | None = None,
-                    filter: dict | Filter | None = None) -> list[QueryResult]:
-        """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba has threads)."""
+                    filter: dict | Filter | None = None, codes: np.ndarray | None = None) -> list[QueryResult]:
+        """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba
+        has threads); ``codes``: the rows' codes when the caller hashed them (see :meth:`query`)."""
         k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
         flt = as_filter(filter)
         X32 = as_stored(X, self.config.dim, "vectors")
+        if codes is not None:
+            codes = check_codes(codes, X32.shape[0], self.config)
         self.served.add(X32)
         watched = mode == "auto" and candidates is None and probes is None and flt is None
 
@@ -368,7 +376,8 @@ class Index:
             params, how = self._plan(view, mode, candidates, probes)
             out: list[QueryResult] = []
             for lo in range(0, X32.shape[0], _BATCH_CHUNK):  # each query holds a dense buffer of the full dimension
-                qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=how == "sketch")
+                qs = prepare_vectors(X32[lo:lo + _BATCH_CHUNK], self.config, sketch=how == "sketch",
+                                     codes=codes[lo:lo + _BATCH_CHUNK] if codes is not None else None)
                 out += self._answer(view, qs, k, how, min_similarity, params, flt, watched)
             return out
 

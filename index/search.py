@@ -89,17 +89,18 @@ def sparse_query(row: SparseRow, config: IndexConfig):
         buf[row.indices] = 0.0
 
 
-def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepared]:
+def prepare_vectors(X32, config: IndexConfig, sketch: bool = True, codes: np.ndarray | None = None
+                    ) -> list[Prepared]:
     """Validated rows at stored precision (dense 2-D, CSR or a :class:`SparseRow`) → prepared
     queries; hashed only if ``sketch`` (brute force needs no sketch, and hashing a sparse query
-    costs ~1 ms)."""
+    costs ~1 ms), unless their ``codes`` are given (:func:`query_codes`, checked by the caller)."""
     if isinstance(X32, SparseRow):
         X32 = X32.csr()
     Xh = as_hashed(X32, config)
     n = Xh.shape[0]
     planes = first = [None] * n
     if sketch:
-        planes = bit_planes(codes_of(Xh, config), config.bits)
+        planes = bit_planes(codes if codes is not None else codes_of(Xh, config), config.bits)
         first = first_rows(planes, planes.shape[1] // config.bits, config.bits)
     if sp.issparse(Xh):  # scattered into zeros: scipy's toarray costs more than the query's nonzeros
         dense = np.zeros(Xh.shape)
@@ -113,6 +114,24 @@ def prepare_vectors(X32, config: IndexConfig, sketch: bool = True) -> list[Prepa
         dense, nonzero = np.array(Xh, dtype=np.float64), [None] * n
         norms = np.abs(dense).sum(axis=1)
     return [Prepared(_query(planes[i], first[i], dense[i], norms[i]), nonzero=nonzero[i]) for i in range(n)]
+
+
+def query_codes(X32, config: IndexConfig) -> np.ndarray:
+    """The b-bit codes ``(n, samples)`` uint16 of validated query rows (dense 2-D or CSR), as
+    :func:`prepare_vectors` would make them: a router hashes a query once for every group."""
+    return np.asarray(codes_of(as_hashed(X32, config), config), dtype=np.uint16)
+
+
+def check_codes(codes, n: int, config: IndexConfig) -> np.ndarray:
+    """Codes given with ``n`` queries, checked against the index: ``(n, samples)`` whole numbers
+    below ``2**bits`` (as uint16), else a :class:`VectorError` naming ``codes``."""
+    c = np.asarray(codes)
+    if c.shape != (n, config.samples) or c.dtype.kind not in "ui":
+        raise VectorError("codes", f"expected {n} × {config.samples} whole numbers (the index's samples), got "
+                          f"shape {c.shape} of {c.dtype}")
+    if c.size and (int(c.min()) < 0 or int(c.max()) >= 1 << config.bits):
+        raise VectorError("codes", f"codes are {config.bits}-bit: between 0 and {(1 << config.bits) - 1}")
+    return c.astype(np.uint16, copy=False)
 
 
 def prepare_row(view: View, row: int, config: IndexConfig) -> Prepared:

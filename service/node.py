@@ -166,20 +166,28 @@ def answer_batch(index: Index, body: bytes, threads: int = 1) -> bytes:
         for i, q in enumerate(queries):
             if isinstance(q.vector, SparseRow) or q.exclude is not None or q.filter is not None:
                 vector = (q.vector.indices, q.vector.values) if isinstance(q.vector, SparseRow) else q.vector
-                answers[i] = _answer(q, index.query(vector, **_kwargs(q)))
+                answers[i] = _answer(q, index.query(vector, **_kwargs(q), codes=_codes([q])))
             else:
                 together[q.knobs()].append(i)
         for members in together.values():
             q0 = queries[members[0]]
             if len(members) == 1:
-                results = [index.query(q0.vector, **_kwargs(q0))]
+                results = [index.query(q0.vector, **_kwargs(q0), codes=_codes([q0]))]
             else:
-                results = index.query_batch(np.stack([queries[i].vector for i in members]), **_kwargs(q0))
+                results = index.query_batch(np.stack([queries[i].vector for i in members]), **_kwargs(q0),
+                                            codes=_codes([queries[i] for i in members]))
             for i, r in zip(members, results, strict=True):
                 answers[i] = _answer(queries[i], r)
     finally:
         store.assume_epoch(None)
     return encode_answers(answers, epoch)  # type: ignore[arg-type]
+
+
+def _codes(queries: list[NodeQuery]) -> np.ndarray | None:
+    """The queries' codes as the index takes them, if the router sent every one's."""
+    if any(q.codes is None for q in queries):
+        return None
+    return np.stack([q.codes for q in queries])
 
 
 def _kwargs(q: NodeQuery) -> dict:

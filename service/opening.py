@@ -27,12 +27,10 @@ INDEX_ONLY = ("search", "monitor_budget", "monitor_share")
 def index_options(settings: Settings) -> dict:
     """Options for ``Index.open`` beyond the location: search overrides, the mirror's place,
     and the backend's own (LMDB reader slots for every worker thread)."""
-    opts: dict = {"prefix": settings.prefix, "search": settings.search_overrides,
+    opts: dict = {**settings.store_options, "search": settings.search_overrides,
                   "monitor_budget": settings.monitor_budget, "monitor_share": settings.monitor_share}
     if settings.backend == "lmdb":
         opts["max_readers"] = settings.max_readers
-    elif settings.cache_dir:
-        opts["cache_dir"] = settings.cache_dir
     if settings.group_pair is not None:
         opts["group"] = settings.group_pair
     return opts

@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from gmmlsh.index.config import CREATION_FIELDS, DEFAULT_K, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
 from gmmlsh.index.index import DEFAULT_CACHE_DIR
 from gmmlsh.index.monitor import BUDGET
-from gmmlsh.index.store.location import DEFAULT_PREFIX, scrub
+from gmmlsh.index.store.location import DEFAULT_PREFIX, WAIT_TIMEOUT, scrub
 from gmmlsh.index.store.location import describe as describe_location
 from gmmlsh.index.store.registry import DEFAULT_COLLECTION, check_name
 
@@ -66,10 +66,10 @@ def from_env(types: dict[str, type]) -> dict[str, Any]:
 
 
 class Where(EnvSettings):
-    """Where the index lives — ``GMMLSH_INDEX``, ``GMMLSH_REDIS_URL``, ``GMMLSH_PREFIX``,
-    ``GMMLSH_COLLECTION``, ``GMMLSH_CACHE_DIR``: the server's :class:`Settings` extend it and
-    the command line fills it from its options (an option given wins over the environment;
-    Redis wins over a directory)."""
+    """Where the index lives and how its store is opened — ``GMMLSH_INDEX``, ``GMMLSH_REDIS_URL``,
+    ``GMMLSH_PREFIX``, ``GMMLSH_COLLECTION``, ``GMMLSH_CACHE_DIR``, ``GMMLSH_REDIS_WAIT``: the
+    server's :class:`Settings` extend it and the command line fills it from its options (an
+    option given wins over the environment; Redis wins over a directory)."""
 
     index: str | None = Field(None, description="LMDB directory (when no redis_url)")
     redis_url: str | None = Field(None, description="redis:// URL; when set, Redis is used")
@@ -78,6 +78,11 @@ class Where(EnvSettings):
                             f"/collections/{{name}} use ({DEFAULT_COLLECTION!r}: the index itself)")
     cache_dir: str | None = Field(None, description="where a Redis index's search mirror lives on this machine "
                                   f"(default {DEFAULT_CACHE_DIR})")
+    redis_wait: int = Field(0, ge=0, le=64, description="replicas of a Redis master that must hold a write before it "
+                            "is acknowledged (Redis WAIT); 0: Redis' asynchronous replication, whose failover may "
+                            "lose the writes acknowledged last")
+    redis_wait_timeout: float = Field(WAIT_TIMEOUT, gt=0, description="seconds a write waits for those replicas; "
+                                      "past it the write fails (503, not acknowledged) and may be sent again")
 
     @field_validator("collection")
     @classmethod
@@ -88,6 +93,18 @@ class Where(EnvSettings):
     def location(self) -> str | None:
         """What :meth:`Index.open` gets: the Redis URL if any, else the LMDB directory."""
         return self.redis_url or self.index
+
+    @property
+    def store_options(self) -> dict:
+        """What ``Index.open`` gets beyond the location for the store: the prefix, and for Redis
+        the mirror's place and the replicas a write waits for."""
+        opts: dict = {"prefix": self.prefix}
+        if self.redis_url:
+            if self.cache_dir:
+                opts["cache_dir"] = self.cache_dir
+            if self.redis_wait:
+                opts.update(wait=self.redis_wait, wait_timeout=self.redis_wait_timeout)
+        return opts
 
     @property
     def safe_location(self) -> str:

@@ -6,11 +6,12 @@ JSON numbers either way); the few knobs and counts as a short orjson header.
 
 Request::
 
-    b"GMQ1" | u32 header bytes | header | vectors
+    b"GMQ2" | u32 header bytes | header | vectors and codes
 
     header  {"epoch": int | null, "q": [[k, mode, min_similarity, candidates, probes,
-             exclude, filter, nnz], ...]}   (nnz −1: a dense query of dim float32 values;
-             else nnz int32 indices, then nnz float32 values; exclude: an id to leave out)
+             exclude, filter, nnz, ncodes], ...]}   (nnz −1: a dense query of dim float32
+             values; else nnz int32 indices, then nnz float32 values; then ncodes uint16: the
+             query's codes when the router hashed it, 0: none; exclude: an id to leave out)
 
 Answer::
 
@@ -31,7 +32,7 @@ import orjson
 
 from gmmlsh.index.records import SparseRow
 
-REQUEST, ANSWER = b"GMQ1", b"GMR1"
+REQUEST, ANSWER = b"GMQ2", b"GMR1"
 #: The media type of both.
 MEDIA = "application/x-gmmlsh-batch"
 _HEAD = struct.Struct("<4sI")
@@ -54,6 +55,9 @@ class NodeQuery:
     probes: int | None = None
     exclude: str | None = None
     filter: dict | None = None
+    #: The vector's b-bit codes (uint16, one per sample) when the router hashed it, so that no
+    #: group's node hashes it again; None: the node hashes it if its search needs them.
+    codes: np.ndarray | None = None
 
     def knobs(self) -> tuple:
         return (self.k, self.mode, self.min_similarity, self.candidates, self.probes, self.exclude,
@@ -99,14 +103,17 @@ def encode_queries(queries: list[NodeQuery], epoch: int | None) -> bytes:
         else:
             nnz = -1
             parts.append(np.asarray(q.vector, dtype="<f4").tobytes())
-        rows.append([q.k, q.mode, q.min_similarity, q.candidates, q.probes, q.exclude, q.filter, nnz])
+        ncodes = 0 if q.codes is None else int(q.codes.shape[0])
+        if ncodes:
+            parts.append(np.asarray(q.codes, dtype="<u2").tobytes())
+        rows.append([q.k, q.mode, q.min_similarity, q.candidates, q.probes, q.exclude, q.filter, nnz, ncodes])
     return _framed(REQUEST, {"epoch": epoch, "q": rows}, parts)
 
 
 def decode_queries(body: bytes, dim: int) -> tuple[list[NodeQuery], int | None]:
     header, rest = _unframed(REQUEST, body)
     out, at = [], 0
-    for k, mode, min_sim, candidates, probes, exclude, flt, nnz in header["q"]:
+    for k, mode, min_sim, candidates, probes, exclude, flt, nnz, ncodes in header["q"]:
         if nnz < 0:
             vec: np.ndarray | SparseRow = np.frombuffer(rest[at:at + 4 * dim], "<f4").astype(np.float32)
             at += 4 * dim
@@ -114,7 +121,9 @@ def decode_queries(body: bytes, dim: int) -> tuple[list[NodeQuery], int | None]:
             idx = np.frombuffer(rest[at:at + 4 * nnz], "<i4").astype(np.int32)
             val = np.frombuffer(rest[at + 4 * nnz:at + 8 * nnz], "<f4").astype(np.float32)
             vec, at = SparseRow(idx, val, dim), at + 8 * nnz
-        out.append(NodeQuery(vec, k, mode, min_sim, candidates, probes, exclude, flt))
+        codes = np.frombuffer(rest[at:at + 2 * ncodes], "<u2").astype(np.uint16) if ncodes else None
+        at += 2 * ncodes
+        out.append(NodeQuery(vec, k, mode, min_sim, candidates, probes, exclude, flt, codes))
     if at != len(rest):
         raise WireError(f"the vectors take {at} bytes; the body holds {len(rest)}")
     return out, header.get("epoch")

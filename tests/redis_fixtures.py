@@ -162,12 +162,14 @@ class RedisServer:
 
 
 class RedisCluster3:
-    """Three cluster-enabled masters, joined with ``redis-cli --cluster create``."""
+    """Three cluster-enabled masters with ``replicas`` replicas each, joined with ``redis-cli
+    --cluster create`` (the masters are ``nodes[:3]``)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, replicas: int = 0) -> None:
         _require_binaries(REDIS_SERVER, REDIS_CLI)
+        self.replicas = replicas
         self.nodes = [RedisServer(Path(workdir) / f"node{i}", cluster=True,
-                                  appendfsync="everysec") for i in range(3)]
+                                  appendfsync="everysec") for i in range(3 * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -178,7 +180,7 @@ class RedisCluster3:
             for node in self.nodes:
                 node.start()
             addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
-            subprocess.run([REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", "0",
+            subprocess.run([REDIS_CLI, "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
                             "--cluster-yes"], check=True, capture_output=True, timeout=timeout)
             self._wait_ok(timeout)
         except BaseException:
@@ -187,7 +189,8 @@ class RedisCluster3:
         return self
 
     def _wait_ok(self, timeout: float) -> None:
-        """Until every node says cluster_state:ok and knows all 3 masters (bounded)."""
+        """Until every node says cluster_state:ok and knows every node, and every replica has
+        synced (bounded)."""
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -196,12 +199,19 @@ class RedisCluster3:
                 out = subprocess.run([REDIS_CLI, "-p", str(node.port), "cluster", "info"],
                                      capture_output=True, text=True, timeout=5).stdout
                 last = out
-                if "cluster_state:ok" in out and "cluster_known_nodes:3" in out:
+                if "cluster_state:ok" in out and f"cluster_known_nodes:{len(self.nodes)}" in out:
                     good += 1
-            if good == len(self.nodes):
+            if good == len(self.nodes) and all(self._link_up(n.port) for n in self.nodes[3:]):
                 return
             time.sleep(0.1)
         raise RuntimeError(f"cluster not ok after {timeout}s: {last}")
+
+    @staticmethod
+    def _link_up(port: int) -> bool:
+        """Whether the replica at ``port`` has synced with its master."""
+        out = subprocess.run([REDIS_CLI, "-p", str(port), "info", "replication"], capture_output=True, text=True,
+                             timeout=5).stdout
+        return "master_link_status:up" in out
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -25,6 +25,7 @@ from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index, UnknownIdError
 from gmmlsh.index.mirror import Mirror
 from gmmlsh.index.records import DENSE, SPARSE_GIVEN_DENSE, SPARSE_GIVEN_SPARSE, decode_vector
+from gmmlsh.index.search import query_codes
 from gmmlsh.index.store.base import ConfigConflict
 
 
@@ -318,6 +319,26 @@ def test_query_batch_answers_as_single_queries(location, fmnist, threads):
         single = [ix.query(q, k=7, min_similarity=0.3) for q in Q[:40]]
         assert batch == single
         assert all(n.metadata is None or n.metadata["i"] == int(n.id[1:]) for r in single for n in r.neighbors)
+
+
+def test_codes_hashed_elsewhere_answer_as_hashing_here(tmp_path, fmnist):
+    """A query's codes made by another process (a router) give the sketch search's answer bit for
+    bit; another query's codes give another (they are used); codes of the wrong shape or width
+    are refused naming ``codes``."""
+    X, _, Q, _ = fmnist
+    with _open((str(tmp_path / "ix"), {}), IndexConfig(dim=784, samples=64)) as ix:
+        ix.upsert(_ids(0, 3000), X[:3000])
+        ix.maintain()
+        codes = query_codes(Q[:20], ix.config)
+        assert codes.shape == (20, 64) and codes.dtype == np.uint16
+        here = ix.query_batch(Q[:20], k=7, mode="sketch")
+        assert ix.query_batch(Q[:20], k=7, mode="sketch", codes=codes) == here
+        assert [ix.query(Q[i], k=7, mode="sketch", codes=codes[i:i + 1]) for i in range(3)] == here[:3]
+        assert ix.query_batch(Q[:20], k=7, mode="sketch", codes=codes[::-1]) != here
+        for bad in (codes[:, :63], codes[:19], codes.astype(np.float32), np.full_like(codes, 256)):
+            with pytest.raises(VectorError) as err:
+                ix.query_batch(Q[:20], mode="sketch", codes=bad)
+            assert err.value.field == "codes"
 
 
 def test_bad_input_changes_nothing(location):

@@ -20,6 +20,8 @@ from shard_fixtures import Proc, node, router
 
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
+from gmmlsh.index.search import query_codes
+from gmmlsh.service.wire import MEDIA, NodeQuery, decode_answers, encode_queries
 
 #: Small enough that no group is tuned or listed (the nodes start in seconds): this checks the
 #: routing and the merge; bench/bench_shards.py measures recall and cost at size.
@@ -147,6 +149,35 @@ def test_bad_input_is_refused_before_any_fanout(fleet):
     r = httpx.get(url + "/neighbors", params={"vector": "1,2", "k": 3})
     assert r.status_code == 422 and r.json()["error"]["field"] == "vector"
     assert httpx.get(url + "/stats").json()["calls"] == calls  # nothing reached a node
+
+
+def test_dense_queries_are_hashed_once_by_the_router(fleet):
+    """The router hashes the dense queries the sketch search may answer and sends their codes; a
+    node answers with the codes it is sent exactly as when it hashes the query itself (and with
+    another query's codes, otherwise: it uses them). Exact and sparse queries are not hashed."""
+    one, Q, procs = fleet["one"], fleet["Q"], fleet["procs"]
+    url = procs["r2"].url
+    hashed = httpx.get(url + "/stats").json()["hashed"]
+    assert _search(url, Q[:20], k=5, mode="sketch").status_code == 200
+    assert _search(url, Q[:20], k=5, mode="exact").status_code == 200
+    idx = np.flatnonzero(Q[0])[::3]
+    assert httpx.post(url + "/neighbors/search", json={"indices": idx.tolist(), "values": Q[0][idx].tolist(),
+                                                       "mode": "sketch"}, timeout=30).status_code == 200
+    assert httpx.get(url + "/stats").json()["hashed"] == hashed + 20
+
+    codes = query_codes(Q[:20], one.config)
+
+    def node_answers(with_codes) -> list:
+        queries = [NodeQuery(Q[i], 10, "sketch", 0.0, 20, None, None, None,  # 20 reranked of a group's ~240
+                             with_codes[i] if with_codes is not None else None) for i in range(20)]
+        r = httpx.post(procs["1/2"].url + "/internal/search", content=encode_queries(queries, None),
+                       headers={"content-type": MEDIA}, timeout=60)
+        assert r.status_code == 200, r.text
+        return [(a.names, a.similarities.tolist()) for a in decode_answers(r.content)[0]]
+
+    hashed_here = node_answers(None)
+    assert node_answers(codes) == hashed_here
+    assert node_answers(codes[::-1]) != hashed_here
 
 
 def test_read_your_writes_across_groups(fleet):

@@ -32,6 +32,18 @@ def test_queries_round_trip_dense_and_sparse():
     assert [q.knobs() for q in got] == [q.knobs() for q in qs]
 
 
+def test_codes_travel_with_the_queries_that_have_them():
+    dim = 4
+    codes = np.array([0, 3, 65535, 7], np.uint16)
+    qs = [NodeQuery(np.ones(dim, np.float32), 5, codes=codes),
+          NodeQuery(SparseRow(np.array([2], np.int32), np.array([1.0], np.float32), dim), 5),
+          NodeQuery(np.full(dim, 2, np.float32), 5, codes=codes[::-1].copy())]
+    got, _ = decode_queries(encode_queries(qs, None), dim)
+    assert np.array_equal(got[0].codes, codes) and got[0].codes.dtype == np.uint16
+    assert got[1].codes is None and np.array_equal(got[2].codes, codes[::-1])
+    assert np.array_equal(got[2].vector, qs[2].vector)
+
+
 def test_answers_round_trip_bit_for_bit():
     sims = np.array([0.9, 1 / 3, 0.1 + 0.2], np.float64)
     answers = [NodeAnswer("sketch", 812, sims, ["a", "bé", ""], [b'{"x":1}', b"", b"[1,2]"]),

@@ -1,7 +1,8 @@
 """Where an index lives: an LMDB directory, or a Redis URL and a key prefix.
 
 The one place that says which locations are Redis, the prefix a Redis index takes unless told,
-and how a Redis URL's password is kept out of logs, messages and answers. It imports nothing
+how long a write to Redis waits for its replicas unless told, and how a Redis URL's password is
+kept out of logs, messages and answers. It imports nothing
 but the standard library, so the command line and the settings use it without loading Redis.
 """
 
@@ -13,6 +14,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 #: The key prefix naming an index inside Redis when none is given.
 DEFAULT_PREFIX = "gmmlsh"
+#: Seconds a write waits for the replicas it must reach (Redis' ``WAIT``) unless told.
+WAIT_TIMEOUT = 1.0
 
 
 def is_redis(location: object) -> bool:

@@ -15,8 +15,9 @@ of the feeds); ``read()`` is a pipeline of ``HMGET`` grouped by hash.
 
 Durability and replays: with ``appendfsync always`` an acknowledged write survives a
 Redis crash; with ``everysec`` (Redis' default) the last second may be lost, whole
-scripts at a time. redis-py resends a command once after a dropped connection: a
-replayed write script writes the same records again under fresh iids (idempotent by
+scripts at a time. A failover may lose what the master had not replicated yet, unless writes
+wait for replicas (``wait``: :mod:`gmmlsh.index.store.redis_wait`). redis-py resends a command
+once after a dropped connection: a replayed write script writes the same records again under fresh iids (idempotent by
 id); a replayed delete may under-count what it removed.
 """
 
@@ -48,9 +49,10 @@ from gmmlsh.index.store.base import (
     Token,
     Written,
 )
-from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, is_redis, mask_url
+from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, WAIT_TIMEOUT, is_redis, mask_url
 from gmmlsh.index.store.redis_errors import UNAVAILABLE, out_of_memory, translate
 from gmmlsh.index.store.redis_room import RoomWatch
+from gmmlsh.index.store.redis_wait import NotReplicated, ReplicatedWrites
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 #: Fields every stored record has (NRFF features and metadata may be absent).
@@ -79,7 +81,10 @@ class RedisStore:
 
     ``url``: ``redis://[user:password@]host:port[/db]``, ``rediss://`` (TLS) or ``unix://``.
     ``prefix`` names the index (letters, digits, ``_ . -``): several indexes share one
-    Redis. ``shards`` only matters when the index is created. Nothing connects in the
+    Redis. ``shards`` only matters when the index is created. ``wait``: replicas of the
+    master that must hold a write before it is acknowledged (Redis' ``WAIT``, at most
+    ``wait_timeout`` seconds; :mod:`gmmlsh.index.store.redis_wait`); 0: Redis' asynchronous
+    replication, whose failover may lose the last acknowledged writes. Nothing connects in the
     constructor: while Redis is down every call raises :class:`StoreUnavailable`, and
     the first call after it is back reconnects.
     """
@@ -87,7 +92,8 @@ class RedisStore:
     kind = "redis"
 
     def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, shards: int = 16, cluster: bool | None = None,
-                 socket_timeout: float = 5.0, group: tuple[int, int] | None = None, **client_kwargs: Any) -> None:
+                 socket_timeout: float = 5.0, group: tuple[int, int] | None = None, wait: int = 0,
+                 wait_timeout: float = WAIT_TIMEOUT, **client_kwargs: Any) -> None:
         if not is_redis(url):
             raise ValueError(f"url: expected {', '.join(REDIS_SCHEMES)}, got {mask_url(url)!r}")
         if not _PREFIX_RE.match(prefix):
@@ -99,6 +105,8 @@ class RedisStore:
             if not (isinstance(G, int) and isinstance(g, int) and 1 <= G <= 1024 and 0 <= g < G):
                 raise ValueError(f"group: expected g/G with 0 ≤ g < G ≤ 1024, got {g}/{G}")
             group = (g, G)
+        #: Runs the writes when they wait for replicas (``wait`` > 0), else None.
+        self._replicated = ReplicatedWrites(wait, wait_timeout) if wait else None
         client_kwargs.pop("decode_responses", None)
         self.url, self.prefix = url, prefix
         #: The group of id-shards this store follows ((g, G)), or None: all of them.
@@ -325,18 +333,37 @@ class RedisStore:
         place, as :meth:`_pipeline` leaves it). On one server each script bumps it as its last
         step (a full Redis lets a script that has written finish, but refuses an ``INCR`` sent on
         its own); on a Cluster a script's keys share one slot, so the ``INCR`` follows once the
-        scripts' nodes have answered."""
-        replies = self._pipeline(commands, errors)
+        scripts' nodes have answered. When writes wait for replicas, the scripts and the
+        ``INCR`` each do (a failover then takes back neither)."""
+        short = None
+        try:
+            replies = self._writes(commands, errors)
+        except NotReplicated as e:  # every script ran: the epoch still says so, then the error
+            replies, short = e.replies, e
         done = [r for r in replies if not isinstance(r, Exception)]
         if self._cluster and done:
             try:
-                self._local.epoch = int(self._r().incr(self._epoch_key))
+                self._local.epoch = int(self._writes([("INCR", self._epoch_key)])[0])
             except redis.exceptions.ResponseError:  # a full Redis: the scripts' error says it
                 if len(done) == len(replies):
                     raise
         elif done:
             self._local.epoch = max(int(r[1]) for r in done)
+        if short is not None:
+            raise short
         return [r if isinstance(r, Exception) else int(r[0]) for r in replies]
+
+    def _writes(self, commands: list[tuple], errors: bool = False) -> list[Any]:
+        """Write commands in one round trip (:meth:`_pipeline`), or, when writes wait for
+        replicas, acknowledged by them (:class:`ReplicatedWrites`)."""
+        if self._replicated is None:
+            return self._pipeline(commands, errors)
+        replies = self._replicated.run(self._r(), self._cluster, commands, list(self._scripts.values()),
+                                       mask_url(self.url))
+        failed = [r for r in replies if isinstance(r, Exception)]
+        if failed and not errors:
+            raise failed[0]
+        return replies
 
     def _script_call(self, name: str, keys: list, args: list) -> tuple:
         """The ``EVALSHA`` of a write script: on one server its keys end with the epoch key."""
@@ -552,6 +579,8 @@ class RedisStore:
     def close(self) -> None:
         with self._lock:
             client, self._client, self._closed = self._client, None, True
+        if self._replicated is not None:
+            self._replicated.close()
         if client is not None:
             try:
                 client.close()

@@ -135,11 +135,8 @@ def location(args: argparse.Namespace) -> tuple[str, str, str]:
 
 
 def open_options(args) -> dict:
-    w = where(args)
-    opts: dict = {"prefix": w.prefix}
-    if w.redis_url and w.cache_dir:
-        opts["cache_dir"] = w.cache_dir
-    return opts
+    """The store options of :func:`where` (``Where.store_options``)."""
+    return where(args).store_options
 
 
 def open_index(args, *, must_exist: bool = True, **kw):

@@ -7,6 +7,7 @@ on a query are the single server's own functions (:mod:`gmmlsh.service.routes.ne
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from starlette.responses import Response
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.index import Index, UnknownIdError, _check_options
 from gmmlsh.index.records import SparseRow, as_stored, query_rows
+from gmmlsh.index.search import query_codes
 from gmmlsh.service.deps import require_api_key
 from gmmlsh.service.errors import ApiError, ORJSONResponse, install_handlers
 from gmmlsh.service.limits import BodyLimitMiddleware
@@ -71,7 +73,9 @@ def create_router_app(settings: Settings | None = None) -> FastAPI:
         client = make.from_url(settings.redis_url, socket_timeout=5.0)
         key = settings.api_key.get_secret_value() if settings.api_key is not None else None
         fanout = Fanout(client, settings.prefix, route_groups=settings.route_groups, hedge_after=settings.hedge_after,
-                        timeout=settings.node_timeout, window=settings.route_window, api_key=key)
+                        timeout=settings.node_timeout, window=settings.route_window, api_key=key,
+                        hasher=functools.partial(query_codes, config=index.config))
+        await run_in_threadpool(fanout.hasher, np.ones((1, index.config.dim), np.float32))  # compiled or loaded now
         await fanout.start()
         app.state.index, app.state.fanout = index, fanout
         try:
@@ -119,7 +123,7 @@ def create_router_app(settings: Settings | None = None) -> FastAPI:
             "config": index.config.to_dict(), "groups": G,
             "nodes": [{"url": r.url, "group": r.group, "groups": r.groups, "ready": r.ready, "inflight": r.inflight}
                       for r in fanout.replicas.values()],
-            "calls": fanout.calls, "hedged": fanout.hedged})
+            "calls": fanout.calls, "hedged": fanout.hedged, "hashed": fanout.hashed})
 
     @api.get("/neighbors")
     async def neighbors(request: Request) -> Response:

@@ -17,6 +17,11 @@ of whose replicas answers is *missing*.
 arrived (strong consistency: see :mod:`gmmlsh.service.router`). A request with a session token
 travels on its own (a token ahead of the store fails that request, not its neighbours').
 
+**Hashed once.** With more than one group, the router hashes each dense query that may be
+answered by the sketch search (``auto``, ``sketch``) once and sends its codes along, so no
+group's node hashes it again (a sparse query's hashing costs ~1 ms and its search is usually
+the postings one, which needs none: a node hashes those itself, if it must).
+
 **k and budgets per group.** Every group reports exact GMM similarities, so the merge (by
 similarity, ties in group order) loses nothing a group found. An exact search asks each group
 for ``k``: the merge then equals one node's answer. Other searches ask each group for
@@ -32,14 +37,16 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
 import orjson
 from redis.exceptions import RedisError
 
+from gmmlsh.core.validate import VectorError
+from gmmlsh.index.records import SparseRow
 from gmmlsh.index.store.base import StoreUnavailable
 from gmmlsh.service.node import node_key, nodes_key
 from gmmlsh.service.router.http import Pool
@@ -54,6 +61,8 @@ DOWN_SECONDS = 1.0
 #: Latencies kept per group for its hedge threshold; the threshold before enough are known.
 LATENCIES = 256
 HEDGE_FLOOR = 0.002
+#: Query modes the sketch search may answer: their dense queries are hashed once by the router.
+_SKETCHED = ("auto", "sketch")
 #: Probability that a group's top ``shard_k`` holds its share of the global top ``k``.
 SHARD_K_CONFIDENCE = 0.999
 
@@ -126,8 +135,11 @@ class Fanout:
     """Node discovery, replica choice with hedging, micro-batches and the merge (module docstring)."""
 
     def __init__(self, redis, prefix: str, *, route_groups: int | None = None, hedge_after: float | None = None,
-                 timeout: float = 10.0, window: float = 0.0005, api_key: str | None = None):
+                 timeout: float = 10.0, window: float = 0.0005, api_key: str | None = None,
+                 hasher: Callable[[np.ndarray], np.ndarray] | None = None):
         self.redis, self.prefix = redis, prefix
+        #: Dense query rows (n, dim) float32 → their codes (n, samples): see "Hashed once".
+        self.hasher = hasher
         self.route_groups, self.fixed_hedge, self.timeout, self.window = route_groups, hedge_after, timeout, window
         self.replicas: dict[str, Replica] = {}
         self.latency: dict[tuple[int, int], GroupLatency] = {}
@@ -138,6 +150,7 @@ class Fanout:
         self._task: asyncio.Task | None = None
         self.calls = 0
         self.hedged = 0
+        self.hashed = 0  # queries the router hashed for its groups
 
     # --- discovery ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -246,6 +259,8 @@ class Fanout:
                        ) -> tuple[list[list[tuple[int, NodeAnswer]]], list[int], int]:
         G, groups = self.layout()
         sent = [_for_groups(q, G) for q in queries]
+        if G > 1 and self.hasher is not None:
+            sent = await self._hashed(sent)
         body = encode_queries(sent, epoch)
         missing = [g for g in range(G) if not groups.get(g)]
         live = [g for g in range(G) if groups.get(g)]
@@ -262,6 +277,24 @@ class Fanout:
             for i, a in enumerate(res):
                 per_query[i].append((g, a))
         return per_query, sorted(missing), G
+
+    async def _hashed(self, queries: list[NodeQuery]) -> list[NodeQuery]:
+        """The queries with the codes of those the sketch search may answer (dense, ``auto`` or
+        ``sketch``), hashed together off the event loop. A row that cannot be hashed (it equals
+        a centred index's centre) leaves every query to its nodes, which answer each for itself."""
+        todo = [i for i, q in enumerate(queries)
+                if q.codes is None and q.mode in _SKETCHED and not isinstance(q.vector, SparseRow)]
+        if not todo:
+            return queries
+        try:
+            codes = await asyncio.to_thread(self.hasher, np.stack([queries[i].vector for i in todo]))
+        except VectorError:
+            return queries
+        self.hashed += len(todo)
+        out = list(queries)
+        for j, i in enumerate(todo):
+            out[i] = replace(queries[i], codes=codes[j])
+        return out
 
     async def _call_group(self, G: int, g: int, replicas: list[Replica], body: bytes) -> list[NodeAnswer]:
         """One group's answer: the least busy replica, a hedge after the group's p95, another
@@ -328,8 +361,6 @@ def _for_groups(q: NodeQuery, G: int) -> NodeQuery:
     """The query as each group gets it: ``k`` cut to :func:`shard_k` unless exact."""
     if q.mode == "exact" or G == 1:
         return q
-    from dataclasses import replace
-
     return replace(q, k=shard_k(q.k, G))
 
 
