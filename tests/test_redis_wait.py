@@ -112,32 +112,43 @@ def test_an_acknowledged_write_is_on_the_replica(master_and_replica):
         assert not any(_ids_on(replica.port, prefix, ids[:50]))
 
 
-def test_a_write_no_replica_acknowledges_fails_and_a_failover_loses_nothing_acknowledged(master_and_replica):
+@pytest.mark.parametrize("wait", [1, 0])
+def test_a_write_no_replica_acknowledges_fails_and_a_failover_loses_nothing_acknowledged(master_and_replica, wait):
     """The replica stops and its link is cut: a write reaches the master only. Waiting for a
     replica, the write fails and says why (not acknowledged); the master dies, the replica is
-    promoted, and every write that was acknowledged is on it. (Without waiting the write would
-    be acknowledged and lost.)"""
+    promoted, and every write that was acknowledged is on it. Not waiting (``wait`` 0), the
+    same write is acknowledged, and lost: what the waiting guards against."""
     master, replica = master_and_replica
     rng = np.random.default_rng(1)
     prefix = _prefix("f")
     acked: list[str] = []
-    with RedisStore(master.url, prefix=prefix, shards=SHARDS, wait=1, wait_timeout=0.5) as store:
+    with RedisStore(master.url, prefix=prefix, shards=SHARDS, wait=wait, wait_timeout=0.5) as store:
         store.write(make_batch(["a0", "a1", "a2"], rng)[0])
         acked += ["a0", "a1", "a2"]
+        _until(lambda: _caught_up(master.port, replica.port), "the replica to catch up")
         os.kill(replica.proc.pid, signal.SIGSTOP)
         redis.Redis(port=master.port).client_kill_filter(_type="replica")
-        t0 = time.monotonic()
-        with pytest.raises(NotReplicated, match=r"only 0 of the 1 replica\(s\) asked for .* within 0.5 s") as err:
-            store.write(make_batch(["b0", "b1"], rng)[0])
-        assert 0.4 < time.monotonic() - t0 < 5.0
-        assert isinstance(err.value, StoreUnavailable)  # the service answers 503
-        assert store.lookup(["b0", "b1"]).min() >= 0  # it is on the master, not acknowledged
+        late = make_batch(["b0", "b1"], rng)[0]
+        if wait:
+            t0 = time.monotonic()
+            with pytest.raises(NotReplicated, match=r"only 0 of the 1 replica\(s\) asked for .* within 0.5 s") as err:
+                store.write(late)
+            assert 0.4 < time.monotonic() - t0 < 5.0
+            assert isinstance(err.value, StoreUnavailable)  # the service answers 503
+        else:
+            store.write(late)
+            acked += ["b0", "b1"]
+        assert store.lookup(["b0", "b1"]).min() >= 0  # on the master either way
     master.kill()
     os.kill(replica.proc.pid, signal.SIGCONT)
     redis.Redis(port=replica.port).replicaof("NO", "ONE")
     with RedisStore(replica.url, prefix=prefix) as promoted:
-        assert promoted.lookup(acked).min() >= 0
+        found = promoted.lookup(acked) >= 0
         assert promoted.lookup(["b0", "b1"]).max() < 0  # what only the master had is gone
+    if wait:
+        assert found.all()
+    else:
+        assert found.tolist() == [True, True, True, False, False]  # acknowledged, and lost
 
 
 def test_each_master_waits_for_its_own_replica(cluster):
