@@ -124,6 +124,7 @@ class Index:
         self.mirror = Mirror(mirror_dir, config)
         #: Search parameters given by the operator; they override the tuned ones.
         self.overrides = {k: v for k, v in (search or {}).items() if v is not None}
+        self._params_of: tuple | None = None  # (tuned search, (lists, tuned lists), params): see params()
         self._auto = maintain
         self._tune_tried = False
         self.last_tuning: dict | None = None
@@ -309,11 +310,16 @@ class Index:
 
     def params(self, view: View, **given) -> SearchParams:
         """The search parameters of a query: tuned (the lists probed scaled to the lists there are,
-        where a new fit has more or fewer than the tuning saw), then the operator's, then the query's."""
-        params = view.search
-        if params.probes and view.tuned_lists and view.list_count != view.tuned_lists:
-            params = params.with_overrides(probes=max(1, round(params.probes * view.list_count / view.tuned_lists)))
-        params = params.with_overrides(**self.overrides) if self.overrides else params
+        where a new fit has more or fewer than the tuning saw), then the operator's, then the query's.
+        The first two are worked out once per published tuning and fit (a query costs a lookup)."""
+        made = self._params_of
+        if made is None or made[0] is not view.search or made[1] != (view.list_count, view.tuned_lists):
+            params = view.search
+            if params.probes and view.tuned_lists and view.list_count != view.tuned_lists:
+                params = params.with_overrides(probes=max(1, round(params.probes * view.list_count / view.tuned_lists)))
+            params = params.with_overrides(**self.overrides) if self.overrides else params
+            made = self._params_of = (view.search, (view.list_count, view.tuned_lists), params)
+        params = made[2]
         return params.with_overrides(**given) if any(v is not None for v in given.values()) else params
 
     # --- queries -------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import threading
@@ -78,6 +79,8 @@ BURST_SECONDS = 2.0
 BATCH = 64
 #: Re-tunes remembered in the report.
 HISTORY = 10
+#: Served queries between looks at the share while it is 0 (no cost measured yet).
+RECHECK = 64
 #: Two-sided 90 %: each end one-sided 95 %, the tuner's bound below.
 Z = tuner.CONFIDENCE_Z
 
@@ -137,6 +140,8 @@ class Recorder:
         self.fixed_share: float | None = None
         #: Whether this process recorded a query for want of a measured exact cost (once).
         self._probed = False
+        #: Served queries to pass before the next look at the share; whether that one is recorded.
+        self._next, self._armed = 0, False
 
     @property
     def share(self) -> float:
@@ -158,30 +163,50 @@ class Recorder:
     def offer(self, view: View, qs: list[Prepared], found: list, seconds: float, overrides: dict) -> None:
         """Queries just answered by the tuned search (``found``: each one's rows and exact
         similarities, ``seconds``: the CPU time their search took; ``overrides``: the operator's):
-        record a share of them."""
+        record a share of them. Each query is recorded with probability ``share``, drawn as the
+        gap to the next recorded one (geometric: the same chance per query, one draw per record),
+        so a query that is not recorded costs a subtraction."""
         if not qs or not self.active:
             return
-        per = seconds / len(qs)
+        n = len(qs)
+        per = seconds / n
         self.served_seconds = per if self.served_seconds <= 0 else 0.99 * self.served_seconds + 0.01 * per
+        j = self._next
+        if j >= n:
+            self._next = j - n
+            return
         if self.exact_seconds <= 0 and time.monotonic() - self._read_at > 1.0:  # tuned since we looked?
             self.exact_seconds = self._exact_seconds()
-        share, key = self.share, None
-        probe = self.exact_seconds <= 0 and self.fixed_share is None and not self._probed
-        if probe:  # nothing measured an exact re-run: this query alone, to have one timed
-            self._probed, self._flushed_at = True, float("-inf")
-        for i, (p, (_, sims, _)) in enumerate(zip(qs, found, strict=True)):
-            if not (probe and i == 0) and self._rng.random() >= share:
-                continue
-            key = key or epoch_key(view, overrides)
-            nz = p.coordinates()
-            top = np.sort(sims)[::-1][:tuner.NEIGHBORS]
-            with self._lock:
-                self._records.append({
-                    "indices": np.asarray(nz, np.int32), "values": p.q.dense[nz].astype(np.float64),
-                    "norm": float(p.q.norm),
-                    "exclude": int(view.iid[p.exclude]) if 0 <= p.exclude < view.rows else -1,
-                    "rows": view.rows, "sims": np.pad(top, (0, tuner.NEIGHBORS - top.shape[0]), constant_values=-1.0),
-                    "at": time.time(), "key": key, "overridden": bool(overrides)})
+        if self.exact_seconds <= 0 and self.fixed_share is None and not self._probed:
+            # nothing measured an exact re-run: this query alone, to have one timed
+            self._probed, self._flushed_at, self._armed = True, float("-inf"), True
+        key = None
+        while j < n:
+            if self._armed:
+                key = key or epoch_key(view, overrides)
+                self._record(view, qs[j], found[j][1], key, overrides)
+                j += 1
+            share = self.share
+            self._armed = share > 0
+            j += self._gap(share) if share > 0 else RECHECK
+        self._next = j - n
+
+    def _gap(self, share: float) -> int:
+        """Queries passed over before the next recorded one, each recorded with chance ``share``."""
+        if share >= 1.0:
+            return 0
+        return int(math.log(1.0 - self._rng.random()) / math.log1p(-share))
+
+    def _record(self, view: View, p: Prepared, sims: np.ndarray, key: str, overrides: dict) -> None:
+        nz = p.coordinates()
+        top = np.sort(sims)[::-1][:tuner.NEIGHBORS]
+        with self._lock:
+            self._records.append({
+                "indices": np.asarray(nz, np.int32), "values": p.q.dense[nz].astype(np.float64),
+                "norm": float(p.q.norm),
+                "exclude": int(view.iid[p.exclude]) if 0 <= p.exclude < view.rows else -1,
+                "rows": view.rows, "sims": np.pad(top, (0, tuner.NEIGHBORS - top.shape[0]), constant_values=-1.0),
+                "at": time.time(), "key": key, "overridden": bool(overrides)})
 
     @property
     def active(self) -> bool:
