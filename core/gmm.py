@@ -86,7 +86,7 @@ def _sparse_csr_row(qi, qv, indptr, indices, data, r):
     return s
 
 
-# One-vs-rows scorers: plain functions, compiled twice (parallel over rows, serial).
+# One-vs-rows scorers: serial kernels; a batch of rows is spread over the cores in chunks (core.parallel).
 
 #: Rows fetched ahead by the dense scorers. Candidate rows are random, so without
 #: this every row start costs a full memory latency.
