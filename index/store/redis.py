@@ -17,8 +17,8 @@ Durability and replays: with ``appendfsync always`` an acknowledged write surviv
 Redis crash; with ``everysec`` (Redis' default) the last second may be lost, whole
 scripts at a time. A failover may lose what the master had not replicated yet, unless writes
 wait for replicas (``wait``: :mod:`gmmlsh.index.store.redis_wait`). redis-py resends a command
-once after a dropped connection: a replayed write script writes the same records again under fresh iids (idempotent by
-id); a replayed delete may under-count what it removed.
+once after a dropped connection: a replayed write script writes the same records again under
+fresh iids (idempotent by id); a replayed delete may under-count what it removed.
 """
 
 from __future__ import annotations
