@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -29,10 +28,11 @@ import scipy.sparse as sp
 from gmmlsh import CACHE_DIR
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import monitor, tuner
-from gmmlsh.index.config import DEFAULT_K, MAX_CANDIDATES, MAX_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
+from gmmlsh.index.config import DEFAULT_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
-from gmmlsh.index.filters import Filter, FilterError, MetaColumns, compile_filter
+from gmmlsh.index.filters import Filter, FilterError, MetaColumns
 from gmmlsh.index.mirror import Mirror, View
+from gmmlsh.index.plan import Untuned, as_filter, check_options, search_of, tuned_params
 from gmmlsh.index.records import (
     SparseRow,
     as_given,
@@ -44,8 +44,6 @@ from gmmlsh.index.records import (
     query_rows,
 )
 from gmmlsh.index.search import (
-    MODE_ALIASES,
-    MODES,
     answer,
     check_codes,
     found_by,
@@ -73,10 +71,6 @@ class _MirrorBehind(Exception):
 
 class MirrorFull(DiskFull):
     """A query needs a vector this machine's search mirror cannot take yet (its disk is full)."""
-
-
-class _Untuned(Exception):
-    """The index was never tuned and is too big for exact search to be the cheap answer."""
 
 
 class UnknownIdError(KeyError):
@@ -309,16 +303,13 @@ class Index:
         return view
 
     def params(self, view: View, **given) -> SearchParams:
-        """The search parameters of a query: tuned (the lists probed scaled to the lists there are,
-        where a new fit has more or fewer than the tuning saw), then the operator's, then the query's.
-        The first two are worked out once per published tuning and fit (a query costs a lookup)."""
+        """The search parameters of a query (:func:`~gmmlsh.index.plan.tuned_params`, then the
+        query's ``given``): the tuned and the operator's are worked out once per published
+        tuning and fit, so a query costs a lookup."""
         made = self._params_of
         if made is None or made[0] is not view.search or made[1] != (view.list_count, view.tuned_lists):
-            params = view.search
-            if params.probes and view.tuned_lists and view.list_count != view.tuned_lists:
-                params = params.with_overrides(probes=max(1, round(params.probes * view.list_count / view.tuned_lists)))
-            params = params.with_overrides(**self.overrides) if self.overrides else params
-            made = self._params_of = (view.search, (view.list_count, view.tuned_lists), params)
+            made = self._params_of = (view.search, (view.list_count, view.tuned_lists),
+                                      tuned_params(view, self.overrides))
         params = made[2]
         return params.with_overrides(**given) if any(v is not None for v in given.values()) else params
 
@@ -334,7 +325,7 @@ class Index:
         (:func:`~gmmlsh.index.search.query_codes`: a router hashes a query once for all groups)."""
         if (vector is None) == (id is None):
             raise VectorError("vector", "give exactly one of a vector or an id")
-        k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
+        k, mode, min_similarity = check_options(k, mode, min_similarity, candidates, probes)
         flt = as_filter(filter)
         X32 = query_rows(vector, self.config.dim) if vector is not None else None
         if codes is not None:
@@ -370,7 +361,7 @@ class Index:
                     filter: dict | Filter | None = None, codes: np.ndarray | None = None) -> list[QueryResult]:
         """One query per row of ``X`` (dense 2-D or CSR), answered together (in parallel where numba
         has threads); ``codes``: the rows' codes when the caller hashed them (see :meth:`query`)."""
-        k, mode, min_similarity = _check_options(k, mode, min_similarity, candidates, probes)
+        k, mode, min_similarity = check_options(k, mode, min_similarity, candidates, probes)
         flt = as_filter(filter)
         X32 = as_stored(X, self.config.dim, "vectors")
         if codes is not None:
@@ -405,7 +396,7 @@ class Index:
             out = answer_on(view)
         except _MirrorBehind as exc:
             out, missing = None, exc.args[0]
-        except _Untuned:  # no tuning yet: tuned below, before the first answer
+        except Untuned:  # no tuning yet: tuned below, before the first answer
             out, untuned = None, True
         except FilterError as exc:  # judged on the stored values: again below if the mirror was behind
             out, refused = None, exc
@@ -426,7 +417,7 @@ class Index:
                 out = answer_on(view)
             except _MirrorBehind as exc:  # replaced or deleted again between lookup and sync
                 raise UnknownIdError(exc.args[0]) from None
-            except _Untuned:  # tuned now, before the first answer (the lists built first, if due)
+            except Untuned:  # tuned now, before the first answer (the lists built first, if due)
                 try:
                     self.upkeep.run_now()
                 finally:
@@ -455,23 +446,10 @@ class Index:
             log.warning("queries recorded for the recall monitor not saved: %s", exc)
 
     def _plan(self, view: View, mode: str, candidates: int | None, probes: int | None) -> tuple[SearchParams, str]:
-        """The search parameters and the search that answers: for ``auto``, the tuner may have
-        found brute force (unless the query set knobs) or the postings search (unless it set
-        ``probes``, a knob of the sketch search) cheaper for this index than the sketch search.
-        An index never tuned answers by exact search while it is small and is tuned before its
-        first answer otherwise (:class:`_Untuned`): no answer comes from an untuned search."""
+        """The search parameters and the search that answers (:mod:`gmmlsh.index.plan`)."""
         params = self.params(view, candidates=candidates, probes=probes)
-        if mode != "auto":
-            return params, mode
-        if not view.tuned_rows:  # never tuned: exact search where the index is small, else tune first
-            if view.live < tuner.MIN_ROWS or self._tune_tried:
-                return params, "exact"
-            raise _Untuned()
-        if params.exact and candidates is None and probes is None:
-            return params, "exact"
-        if params.rare > 0 and probes is None:
-            return params, "postings"
-        return params, "sketch"
+        knobs = candidates is not None or probes is not None
+        return params, search_of(view, params, mode, knobs, probes, self._tune_tried)
 
     def _answer(self, view, qs, k, mode, min_similarity, params, flt=None, watched=False) -> list[QueryResult]:
         """Answers by the search ``mode`` names; ``watched``: the index's own choice (``auto``, no
@@ -585,25 +563,3 @@ class Index:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def as_filter(spec: dict | Filter | None) -> Filter | None:
-    """A filter compiled (its shape checked), or None for none."""
-    return spec if spec is None or isinstance(spec, Filter) else compile_filter(spec)
-
-
-def _check_options(k, mode, min_similarity, candidates, probes) -> tuple[int, str, float]:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= MAX_K:
-        raise VectorError("k", f"must be an integer between 1 and {MAX_K}, got {k!r}")
-    mode = MODE_ALIASES.get(mode, mode)
-    if mode not in MODES:
-        raise VectorError("mode", f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-    if not (isinstance(min_similarity, int | float) and math.isfinite(min_similarity)):
-        raise VectorError("min_similarity", "must be a finite number")
-    if candidates is not None and not 1 <= candidates <= MAX_CANDIDATES:
-        raise VectorError("candidates", f"must be between 1 and {MAX_CANDIDATES}, got {candidates}")
-    if probes is not None and probes < 0:
-        raise VectorError("probes", f"must be ≥ 0 (0: every list), got {probes}")
-    return int(k), mode, float(min_similarity)
-
-

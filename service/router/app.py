@@ -24,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from gmmlsh.core.validate import VectorError
-from gmmlsh.index.index import Index, UnknownIdError, _check_options
+from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.index.plan import check_options
 from gmmlsh.index.records import SparseRow, as_stored, query_rows
 from gmmlsh.index.search import query_codes
 from gmmlsh.service.deps import require_api_key
@@ -217,7 +218,7 @@ async def _prepare(request: Request, ext_id: str | None, vector: Any, knobs, flt
     Redis), before anything is sent to a node."""
     index: Index = request.app.state.index
     try:
-        k, mode, min_sim = _check_options(knobs.k, knobs.mode, knobs.min_similarity, knobs.candidates, knobs.probes)
+        k, mode, min_sim = check_options(knobs.k, knobs.mode, knobs.min_similarity, knobs.candidates, knobs.probes)
     except VectorError as exc:
         raise type(exc)(prefix + exc.field, exc.reason) from None
     if ext_id is not None:
