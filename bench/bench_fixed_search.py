@@ -9,6 +9,13 @@ of the ``.npz`` one per call and as one ``query_batch``; prints the median round
 imports nothing of the repository but the API every version has (``Index.open(search=...)``,
 ``query``, ``query_batch``), so the same file times an older checkout: run it from outside the
 repository with that checkout's package first on ``PYTHONPATH``.
+
+``--parts``: instead, the CPU time of a query's parts, one per call — preparing it
+(``prepare_vectors``: validation, hashing, bit planes), the search kernel, building the
+answer, and the rest of ``Index.query`` — timed with the thread's CPU clock by wrapping those
+functions, in rounds of 250 queries; each part's least round (µs a query) is printed: the
+least disturbed round of a noisy machine. Compare two versions in ABBA order (old, new, new,
+old): on a shared machine the second of two processes run back to back is often the slower.
 """
 
 from __future__ import annotations
@@ -19,10 +26,47 @@ import time
 
 import numpy as np
 
+import gmmlsh.index.index as index_module
+import gmmlsh.index.search as search_module
 from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
 SEARCH = {"probes": 8, "shortlist": 250, "rank_bits": 4, "candidates": 100}
+#: Queries a round of ``--parts``.
+PART_ROUND = 250
+
+
+def parts(ix: Index, Q: np.ndarray, rounds: int) -> dict[str, float]:
+    """Each part's least CPU time over ``rounds`` rounds (µs a query): see ``--parts``."""
+    spent: dict[str, int] = {}
+
+    def timed(module, name: str, label: str) -> None:
+        fn = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            t = time.thread_time_ns()
+            out = fn(*args, **kwargs)
+            spent[label] = spent.get(label, 0) + time.thread_time_ns() - t
+            return out
+
+        setattr(module, name, wrapper)
+
+    timed(index_module, "prepare_vectors", "prepare")
+    timed(search_module, "search", "kernel")
+    timed(index_module if hasattr(index_module, "answer") else search_module, "answer", "answer")
+    best: dict[str, float] = {}
+    slices = max(1, Q.shape[0] // PART_ROUND)
+    for r in range(rounds):
+        part = Q[(r % slices) * PART_ROUND:(r % slices + 1) * PART_ROUND]
+        spent.clear()
+        t = time.thread_time_ns()
+        for q in part:
+            ix.query(q, k=10)
+        spent["total"] = time.thread_time_ns() - t
+        for label, ns in spent.items():
+            best[label] = min(best.get(label, float("inf")), ns / len(part) / 1000)
+    best["rest"] = best["total"] - best["prepare"] - best["kernel"] - best["answer"]
+    return {label: round(us, 1) for label, us in best.items()}
 
 
 def main() -> None:
@@ -31,6 +75,7 @@ def main() -> None:
     p.add_argument("data", help="an .npz holding the queries as 'test'")
     p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--parts", action="store_true", help="CPU time of a query's parts instead of queries/s")
     a = p.parse_args()
     if hasattr(parallel, "set_threads"):
         parallel.set_threads(1)
@@ -43,6 +88,9 @@ def main() -> None:
         ix.warm()
         for q in Q[:200]:
             ix.query(q, k=10)
+        if a.parts:
+            print(json.dumps(parts(ix, Q, a.rounds)))
+            return
         one, batch = [], []
         for _ in range(a.rounds):
             t = time.perf_counter()
