@@ -118,8 +118,10 @@ class ReplicatedWrites:
                 if acked is not None and not isinstance(acked, Exception) and int(acked) < self.replicas:
                     short.append(f"{node.name}: {int(acked)}")
                 for i, r in zip(idx, got, strict=True):
-                    if isinstance(r, AskError):
-                        pending[i] = client.get_node(host=r.host, port=r.port) or self._relearned(client)
+                    if isinstance(r, AskError):  # to the importing master; one it does not know: by slot, relearned
+                        pending[i] = client.get_node(host=r.host, port=r.port)
+                        if pending[i] is None:
+                            client.nodes_manager.initialize()
                     elif isinstance(r, MovedError):
                         client.nodes_manager.move_slot(r)
                         pending[i] = None
@@ -148,21 +150,17 @@ class ReplicatedWrites:
         """One node's commands and its ``WAIT``, in one pipeline (one connection). The ``WAIT``'s
         reply, or None when no command ran (all redirected)."""
         pipe = client.get_redis_connection(node).pipeline(transaction=False)
+        own = []  # where each command's reply is (an ASKING's comes before it)
         for i in idx:
             if asked.get(i) is not None:
                 pipe.execute_command("ASKING")
             pipe.execute_command(*commands[i])
+            own.append(len(pipe) - 1)
         pipe.execute_command(*self._wait())
-        *got, acked = pipe.execute(raise_on_error=False)
-        got = [r for r, (_, own) in zip(got, _positions(idx, asked), strict=True) if own]  # ASKING's OK dropped
+        *replies, acked = pipe.execute(raise_on_error=False)
+        got = [replies[j] for j in own]
         ran = any(not isinstance(r, AskError | MovedError | TryAgainError | NoScriptError) for r in got)
         return got, acked if ran else None
-
-    @staticmethod
-    def _relearned(client: Any) -> None:
-        """An ASK to a node the client does not know: learn the slots again; the command goes by
-        its slot next round."""
-        client.nodes_manager.initialize()
 
     def _short_message(self, acked: str, where: str) -> str:
         return (f"Redis at {where}: the write reached the master but only {acked} of the {self.replicas} "
@@ -173,15 +171,4 @@ class ReplicatedWrites:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
-
-
-def _positions(idx: list[int], asked: dict[int, Any]) -> list[tuple[int, bool]]:
-    """For each reply of a node's pipeline before its WAIT: (command, whether it is the command's
-    own reply rather than its ``ASKING``'s)."""
-    out: list[tuple[int, bool]] = []
-    for i in idx:
-        if asked.get(i) is not None:
-            out.append((i, False))
-        out.append((i, True))
-    return out
 
