@@ -12,12 +12,13 @@ segments, and the search is re-tuned, beside the queries as the index grows
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -204,14 +205,18 @@ class Index:
         each stored in the shape it came in (:func:`~gmmlsh.index.records.prepare_rows`)."""
         return prepare_rows(self.config, ids, rows, metadata)
 
-    def write(self, batch: RecordBatch) -> Written:
+    def write(self, batch: RecordBatch, *, searchable: bool = True) -> Written:
         """Store a batch made by this index's :meth:`prepare` (all or nothing; Redis writes a
         batch over 4 MiB in parts, see :meth:`RedisStore.write`); returns how many ids it wrote (an
         id given twice counts once: its last row wins) and how many of them replaced a stored vector.
 
+        ``searchable``: return once the rows are in this machine's search mirror where its store
+        is :attr:`~gmmlsh.index.store.base.Store.local` (LMDB), so that no query has to apply them
+        (:meth:`view`); a bulk load, which brings the mirror up at its own pace, says False.
         Split from :meth:`prepare` so a bulk load can hash the next batch while this one is written.
         """
-        return self.store.write(batch)
+        with self._acknowledged(searchable):
+            return self.store.write(batch)
 
     def upsert(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> Written:
         """Insert or replace vectors by id: all rows are validated first, then written all or
@@ -221,7 +226,24 @@ class Index:
     def delete(self, ids: Sequence[str]) -> int:
         """Remove these ids everywhere; returns how many existed."""
         ids = [check_id(i, "ids", n) for n, i in enumerate(ids)]
-        return self.store.delete(ids) if ids else 0
+        if not ids:
+            return 0
+        with self._acknowledged():
+            return self.store.delete(ids)
+
+    @contextlib.contextmanager
+    def _acknowledged(self, searchable: bool = True) -> Iterator[None]:
+        """Around a write of a local store: the mirror's ``sync`` lock held from before the write
+        until the write is applied to the mirror, so every acknowledged write is in the mirror
+        any query of the machine reads, and a query that sees the store ahead of the mirror finds
+        the lock held: a write not acknowledged yet, which it need not wait for (:meth:`view`).
+        (A Redis index has writers on other machines: there a query brings the mirror up itself.)"""
+        if not (searchable and self.store.local):
+            yield
+            return
+        with self.mirror.locked():
+            yield
+            self._sync()
 
     # --- reads -------------------------------------------------------------------------------
     def count(self) -> int:
@@ -262,20 +284,22 @@ class Index:
 
     def view(self) -> View:
         """The mirror, brought up to the store's current state first (where it can take it:
-        see :meth:`read_problem`)."""
+        see :meth:`read_problem`). Where the store is local and another thread or process is
+        applying writes to the mirror, the view as it is: those writes are not acknowledged
+        until they are applied (:meth:`write`), so a query never waits for their sync."""
         view = self.mirror.refresh()
         if view.token != self.store.token():
-            view = self._sync()[0]
+            view = self._sync(wait=not self.store.local)[0]
         if self._auto:
             self.upkeep.poke(view)
         return view
 
-    def _sync(self) -> tuple[View, bool]:
+    def _sync(self, wait: bool = True) -> tuple[View, bool]:
         """(the mirror brought up to the store, True); or, where it cannot take the changes (its
         disk is full), (the mirror as it is, False): reads go on from what it holds, and
-        :meth:`read_problem` says so."""
+        :meth:`read_problem` says so. ``wait`` False: the mirror as it is if another is syncing it."""
         try:
-            view = self.mirror.sync(self.store)
+            view = self.mirror.sync(self.store, wait=wait)
         except (DiskFull, OSError) as exc:
             if not isinstance(exc, DiskFull) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -386,7 +410,8 @@ class Index:
         while the request travels (a Redis round trip, hidden behind the search), and worked
         out again on a synced mirror if the token shows a write the mirror lacks — so an
         answer never misses a write acknowledged before the query, as if the token had been
-        read first."""
+        read first. A local store's writes are acknowledged once applied (:meth:`write`): one
+        being applied elsewhere is not waited for, the first answer stands."""
         pending = self.store.token_later()
         view = self.mirror.refresh()
         refused: FilterError | None = None
@@ -405,7 +430,8 @@ class Index:
         if refused is not None and now == view.token:
             raise refused
         if missing is not None or untuned or now != view.token:
-            view, synced = self._sync()
+            wait = missing is not None or untuned or not self.store.local
+            fresh, synced = self._sync(wait=wait)
             if not synced and not untuned:  # the mirror cannot take the writes: answer from what it holds
                 if missing is not None:
                     raise MirrorFull(f"id: the vector of {missing!r} was written after this machine's search mirror "
@@ -413,6 +439,11 @@ class Index:
                 if refused is not None:
                     raise refused
                 return out
+            if fresh is view:  # a local store's writes being applied by their writer: not acknowledged yet
+                if refused is not None:
+                    raise refused
+                return self._served(view, out)
+            view = fresh
             try:
                 out = answer_on(view)
             except _MirrorBehind as exc:  # replaced or deleted again between lookup and sync
@@ -423,6 +454,10 @@ class Index:
                 finally:
                     self._tune_tried = True  # if that failed, exact search answers meanwhile
                 out = answer_on(self._sync()[0])
+        return self._served(view, out)
+
+    def _served(self, view: View, out: Any) -> Any:
+        """After an answer: upkeep told of the view, the served and recorded queries handed on when due."""
         if self._auto:
             self.upkeep.poke(view)
         if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES):
@@ -486,7 +521,8 @@ class Index:
         if not rows.shape[0]:
             return 0
         names = view.names_of(rows.tolist())
-        return self.store.delete(names, expect=view.iid[rows].astype(np.int64))
+        with self._acknowledged():
+            return self.store.delete(names, expect=view.iid[rows].astype(np.int64))
 
     # --- upkeep --------------------------------------------------------------------------------------
     def maintain(self, queries=None) -> dict:

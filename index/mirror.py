@@ -173,6 +173,7 @@ class Mirror:
         self.words = plane_words(config.samples)
         self._thread_locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
+        self._flock_owner: dict[str, int] = {}  # lock name → the thread holding its file lock
         self._load_lock = threading.Lock()
         self._arenas: Arenas | None = None
         #: When this process last checkpointed (monotonic), and whether it wrote since.
@@ -284,22 +285,28 @@ class Mirror:
     def locked(self, name: str = "sync", blocking: bool = True):
         """The directory's lock ``name``, across processes and threads; yields False if not
         ``blocking`` and another holder has it. Each name is a lock of its own: upkeep's long
-        locks never stand in the way of ``sync``."""
+        locks never stand in the way of ``sync``. A thread holding it may take it again."""
         with self._locks_guard:
             lock = self._thread_locks.setdefault(name, threading.RLock())
         if not lock.acquire(blocking=blocking):
             yield False
             return
         try:
+            me = threading.get_ident()
+            if self._flock_owner.get(name) == me:  # taken again inside its holder
+                yield True
+                return
             with open(self.dir / f"{name}.lock", "a") as f:
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
                 except BlockingIOError:
                     yield False
                     return
+                self._flock_owner[name] = me
                 try:
                     yield True
                 finally:
+                    del self._flock_owner[name]
                     fcntl.flock(f, fcntl.LOCK_UN)
         finally:
             lock.release()
@@ -361,9 +368,12 @@ class Mirror:
         )
 
     # --- following the store ------------------------------------------------------------
-    def sync(self, store: Store) -> View:
-        """Bring the mirror up to the store's current token (no-op if it is there)."""
-        with self.locked():
+    def sync(self, store: Store, wait: bool = True) -> View:
+        """Bring the mirror up to the store's current token (no-op if it is there); ``wait``
+        False: the current view at once if another thread or process is syncing it."""
+        with self.locked(blocking=wait) as mine:
+            if not mine:
+                return self.refresh()
             state = self._read_state()
             now = store.token()
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):

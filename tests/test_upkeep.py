@@ -183,3 +183,47 @@ def test_upkeep_lanes_lower_their_own_priority_only():
     t.join()
     assert seen["lane"] == min(19, mine + upkeep.NICE) and seen["child"] == seen["lane"]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+def test_an_lmdb_write_is_searchable_when_acknowledged_and_a_query_never_syncs_for_another(tmp_path, fmnist,
+                                                                                          monkeypatch):
+    """LMDB: a write returns once its rows are in the machine's mirror, so a query in another
+    process finds it without applying anything; a query meeting a sync under way elsewhere (a
+    write not yet acknowledged) answers from the mirror as it is, at once."""
+    X, _, _, _ = fmnist
+    loc = tmp_path / "i"
+    with Index.open(loc, IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 2000), X[:2000])
+        assert ix.mirror.refresh().token == ix.store.token()  # applied before upsert returned
+        ix.query(X[0], k=1, mode="exact")
+
+        def no_sync(*args, **kwargs):
+            raise AssertionError("the query applied writes itself")
+
+        monkeypatch.setattr(ix.mirror, "sync", no_sync)
+        _write_elsewhere_and_find_it(ix, loc, X)
+        monkeypatch.undo()
+
+        held, release = threading.Event(), threading.Event()
+
+        def hold_sync_lock():
+            with ix.mirror.locked():
+                held.set()
+                assert release.wait(120)
+
+        holder = threading.Thread(target=hold_sync_lock)
+        holder.start()
+        try:
+            assert held.wait(60)
+            ix.store.write(ix.prepare(["unacknowledged"], X[7001:7002]))  # in the store, not applied
+            done = []
+            query = threading.Thread(target=lambda: done.append(ix.query(X[7001], k=1, mode="exact")))
+            query.start()
+            query.join(60)
+            assert done, "the query waited for the sync lock"
+            assert done[0].neighbors[0].id != "unacknowledged"
+        finally:
+            release.set()
+            holder.join(60)
+        assert ix.query(X[7001], k=1, mode="exact").neighbors[0].id == "unacknowledged"  # the lock free: applied
+        assert ix.check().ok

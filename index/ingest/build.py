@@ -450,7 +450,7 @@ def build(index, reader: Reader, *, chunk_rows: int | None = None, progress: boo
                         bar.write(f"skipped: {chunk.error(i, problem)}", file=log)
                         shown_invalid += 1
                     summary.invalid += len(staged.bad)
-                    written = index.write(staged.batch)
+                    written = index.write(staged.batch, searchable=False)
                     summary.vectors += written.vectors
                     summary.replaced += written.replaced
                     follower.written()

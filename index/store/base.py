@@ -112,6 +112,10 @@ class Store(Protocol):
     """A backend. Every method may be called from several threads of one process."""
 
     kind: str  # "lmdb" or "redis"
+    #: Every writer of the store is on this machine and keeps the one search mirror it has (an
+    #: LMDB directory holds its mirror): a write is applied to the mirror before it is
+    #: acknowledged, so a query never applies writes itself (see ``Index.write``).
+    local: bool
 
     # --- configuration --------------------------------------------------------------
     def read_config(self) -> dict | None:

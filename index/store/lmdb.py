@@ -88,6 +88,7 @@ class LmdbStore:
     """
 
     kind = "lmdb"
+    local = True
 
     def __init__(self, path: str | os.PathLike, *, map_size: int = 1 << 40, max_readers: int = 1024,
                  readonly: bool = False) -> None:

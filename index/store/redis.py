@@ -90,6 +90,7 @@ class RedisStore:
     """
 
     kind = "redis"
+    local = False
 
     def __init__(self, url: str, *, prefix: str = DEFAULT_PREFIX, shards: int = 16, cluster: bool | None = None,
                  socket_timeout: float = 5.0, group: tuple[int, int] | None = None, wait: int = 0,
