@@ -116,13 +116,17 @@ class SharedSample:
 
     def load(self) -> tuple[int, list]:
         """(seen, rows): each row a 1-row CSR matrix at stored precision."""
+        seen, X = self._matrix()
+        return seen, [X[i:i + 1] for i in range(X.shape[0])]
+
+    def _matrix(self) -> tuple[int, sp.csr_matrix]:
+        """(seen, the sampled queries as one CSR matrix)."""
         try:
             with np.load(self._path) as d:
                 seen, shape = int(d["seen"]), (int(d["rows"]), self.dim)
-                X = sp.csr_matrix((d["data"], d["indices"], d["indptr"]), shape=shape)
+                return seen, sp.csr_matrix((d["data"], d["indices"], d["indptr"]), shape=shape)
         except (OSError, ValueError, KeyError):
-            return 0, []
-        return seen, [X[i:i + 1] for i in range(X.shape[0])]
+            return 0, sp.csr_matrix((0, self.dim), dtype=np.float32)
 
     def rows(self, n: int) -> list:
         """Up to ``n`` of the sampled queries, 1-row batches (CSR)."""
@@ -134,9 +138,12 @@ class SharedSample:
         mine = sample.drain()
         if not mine[0]:
             return
-        with lock("served"):
-            seen, rows = merge(self.load(), mine)
-            X = sp.vstack([_csr(r) for r in rows], format="csr") if rows else sp.csr_matrix((0, self.dim), np.float32)
+        with lock("served"):  # the stored rows kept by position and stacked once: no per-row matrices
+            held, stored = self._matrix()
+            seen, picked = merge((held, [(True, i) for i in range(stored.shape[0])]),
+                                 (mine[0], [(False, r) for r in mine[1]]))
+            X = sp.vstack([stored[[i for old, i in picked if old]], *_stacked([r for old, r in picked if not old])],
+                          format="csr")
             tmp = self.dir / f"served.{os.getpid()}.{threading.get_ident()}.tmp.npz"
             np.savez(tmp, seen=seen, rows=X.shape[0], data=X.data, indices=X.indices, indptr=X.indptr)
             os.replace(tmp, self._path)
@@ -144,6 +151,13 @@ class SharedSample:
             meta.write_text(json.dumps({"seen": seen, "rows": X.shape[0]}))
             os.replace(meta, self._meta)
             self.held = X.shape[0]
+
+
+def _stacked(rows: list) -> list[sp.csr_matrix]:
+    """Sampled query rows as CSR blocks: the dense ones stacked into one, each other one its own."""
+    dense = [r for r in rows if isinstance(r, np.ndarray)]
+    blocks = [sp.csr_matrix(np.vstack(dense).astype(np.float32, copy=False))] if dense else []
+    return blocks + [_csr(r) for r in rows if not isinstance(r, np.ndarray)]
 
 
 def _csr(row) -> sp.csr_matrix:

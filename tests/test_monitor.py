@@ -8,6 +8,8 @@ estimate must equal the true recall of what was served, computed here against ex
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,31 @@ def test_a_bad_budget_names_the_setting(tmp_path):
         Index.open(tmp_path / "idx", IndexConfig(dim=4), monitor_budget=2.0)
     with pytest.raises(ValueError, match="monitor_share"):
         Index.open(tmp_path / "idx", IndexConfig(dim=4), monitor_share=-0.1)
+
+
+def test_the_shared_sample_of_served_queries_merges_uniformly_and_keeps_rows_exact(tmp_path):
+    """Two processes' reservoirs merged into the shared sample: at most SIZE rows, the counts
+    add up, every row kept is one offered (dense and sparse alike, values exact), and each
+    side's share follows what it saw (1,000 each: Binomial(256, 1/2), within 5 sd of 128; the
+    merge draws from an unseeded generator, so a false failure has odds under one in a million)."""
+    import scipy.sparse as sp
+
+    from gmmlsh.index import served
+
+    rng = np.random.default_rng(3)
+    dense = rng.random((1000, 20), dtype=np.float32)
+    sparse = sp.random(1000, 20, density=0.2, format="csr", dtype=np.float32, random_state=4)
+    shared = served.SharedSample(tmp_path, 20)
+    a, b = served.QuerySample(seed=1), served.QuerySample(seed=2)
+    a.add(dense)
+    for i in range(sparse.shape[0]):
+        b.add(sparse[i])
+    shared.add(a, lambda name: contextlib.nullcontext())
+    shared.add(b, lambda name: contextlib.nullcontext())
+    seen, rows = shared.load()
+    assert seen == 2000 and len(rows) == served.SIZE == shared.count()
+    offered = {r.tobytes() for r in dense} | {sparse[i].toarray().tobytes() for i in range(sparse.shape[0])}
+    kept = [r.toarray().astype(np.float32).tobytes() for r in rows]
+    assert all(k in offered for k in kept)
+    from_dense = sum(k in {r.tobytes() for r in dense} for k in kept)
+    assert abs(from_dense - 128) <= 5 * 8
