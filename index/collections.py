@@ -13,7 +13,8 @@ import os
 import shutil
 
 from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index, mirror_dir
+from gmmlsh.index.index import Index
+from gmmlsh.index.mirror import mirror_dir
 from gmmlsh.index.store.location import DEFAULT_PREFIX
 from gmmlsh.index.store.registry import (
     DEFAULT_COLLECTION,

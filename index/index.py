@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import time
@@ -26,13 +25,12 @@ import numpy as np
 import orjson
 import scipy.sparse as sp
 
-from gmmlsh import CACHE_DIR
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index import monitor, tuner
 from gmmlsh.index.config import DEFAULT_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns
-from gmmlsh.index.mirror import Mirror, View
+from gmmlsh.index.mirror import Mirror, View, mirror_dir
 from gmmlsh.index.plan import Untuned, as_filter, check_options, search_of, tuned_params
 from gmmlsh.index.records import (
     SparseRow,
@@ -54,7 +52,7 @@ from gmmlsh.index.search import (
 )
 from gmmlsh.index.served import QuerySample, SharedSample
 from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, Written
-from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis
+from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis, open_store
 from gmmlsh.index.upkeep import Upkeep
 from gmmlsh.results import QueryResult, StoredVector
 
@@ -62,9 +60,6 @@ log = logging.getLogger("gmmlsh.index")
 
 #: Queries of a batch prepared at once (each holds a float64 buffer of the full dimension).
 _BATCH_CHUNK = 256
-#: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
-DEFAULT_CACHE_DIR = CACHE_DIR
-
 
 class _MirrorBehind(Exception):
     """A stored id whose record this process's mirror does not hold yet."""
@@ -83,30 +78,6 @@ class UnknownIdError(KeyError):
 
     def __str__(self) -> str:
         return f"id: no vector with id {self.ext_id!r}"
-
-
-def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None,
-               group: tuple[int, int] | None = None) -> Path:
-    """Where the search mirror of an index lives on this machine: inside an LMDB index's
-    directory; for a Redis one, under ``cache_dir``, named by its URL, prefix and uid, and by
-    its group of id-shards (``-g{g}of{G}``) on a search node that follows one."""
-    loc = str(location)
-    if not is_redis(loc):
-        return Path(loc) / "mirror"
-    tag = hashlib.sha256(f"{loc}|{prefix}|{uid}".encode()).hexdigest()[:16]
-    suffix = f"-g{group[0]}of{group[1]}" if group is not None else ""
-    return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}{suffix}"
-
-
-def open_store(location, *, prefix: str = DEFAULT_PREFIX, **options) -> Store:
-    """A directory → LMDB; a ``redis://`` / ``rediss://`` / ``unix://`` URL → Redis."""
-    if is_redis(location):
-        from gmmlsh.index.store.redis import RedisStore
-
-        return RedisStore(str(location), prefix=prefix, **options)
-    from gmmlsh.index.store.lmdb import LmdbStore
-
-    return LmdbStore(location, **options)
 
 
 class Index:

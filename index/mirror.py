@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -54,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gmmlsh import CACHE_DIR
 from gmmlsh.core.bundles import Lists, Postings, Rows, frozen
 from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
@@ -64,6 +66,23 @@ from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.records import stored_payloads
 from gmmlsh.index.segments import Arenas, Fit
 from gmmlsh.index.store.base import Store
+from gmmlsh.index.store.location import is_redis
+
+#: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
+DEFAULT_CACHE_DIR = CACHE_DIR
+
+
+def mirror_dir(location, prefix: str, uid: str, cache_dir: str | os.PathLike | None = None,
+               group: tuple[int, int] | None = None) -> Path:
+    """Where the search mirror of an index lives on this machine: inside an LMDB index's
+    directory; for a Redis one, under ``cache_dir``, named by its URL, prefix and uid, and by
+    its group of id-shards (``-g{g}of{G}``) on a search node that follows one."""
+    loc = str(location)
+    if not is_redis(loc):
+        return Path(loc) / "mirror"
+    tag = hashlib.sha256(f"{loc}|{prefix}|{uid}".encode()).hexdigest()[:16]
+    suffix = f"-g{group[0]}of{group[1]}" if group is not None else ""
+    return Path(cache_dir or DEFAULT_CACHE_DIR) / f"redis-{prefix}-{tag}{suffix}"
 
 #: Bump when the mirror's files change: an older mirror is rebuilt.
 MIRROR_FORMAT = 5

@@ -15,7 +15,8 @@ import threading
 from gmmlsh.index import monitor
 from gmmlsh.index.collections import DEFAULT_COLLECTION, Collections, UnknownCollection
 from gmmlsh.index.config import IndexConfig
-from gmmlsh.index.index import Index, mirror_dir
+from gmmlsh.index.index import Index
+from gmmlsh.index.mirror import mirror_dir
 from gmmlsh.service.opening import INDEX_ONLY, index_options
 from gmmlsh.service.settings import Settings
 

@@ -24,7 +24,7 @@ from pydantic import Field, SecretStr, ValidationInfo, create_model, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gmmlsh.index.config import CREATION_FIELDS, DEFAULT_K, MAX_CANDIDATES, MAX_K, RANK_BITS_MAX, IndexConfig, describe
-from gmmlsh.index.index import DEFAULT_CACHE_DIR
+from gmmlsh.index.mirror import DEFAULT_CACHE_DIR
 from gmmlsh.index.monitor import BUDGET
 from gmmlsh.index.store.location import DEFAULT_PREFIX, WAIT_TIMEOUT, scrub
 from gmmlsh.index.store.location import describe as describe_location

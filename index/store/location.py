@@ -2,13 +2,18 @@
 
 The one place that says which locations are Redis, the prefix a Redis index takes unless told,
 how long a write to Redis waits for its replicas unless told, and how a Redis URL's password is
-kept out of logs, messages and answers. It imports nothing
-but the standard library, so the command line and the settings use it without loading Redis.
+kept out of logs, messages and answers; and which store opens a location (:func:`open_store`, which
+loads its backend only then). It imports nothing else but the standard library, so the command line
+and the settings use it without loading Redis.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit, urlunsplit
+
+if TYPE_CHECKING:
+    from gmmlsh.index.store.base import Store
 
 #: URL schemes that name a Redis server (anything else is an LMDB directory).
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -58,3 +63,14 @@ def describe(location: str, prefix: str = DEFAULT_PREFIX) -> str:
     if not is_redis(location):
         return f"{location} (LMDB)"
     return f"{mask_url(location)} prefix {prefix!r} (Redis)"
+
+
+def open_store(location, *, prefix: str = DEFAULT_PREFIX, **options) -> Store:
+    """A directory → LMDB; a ``redis://`` / ``rediss://`` / ``unix://`` URL → Redis."""
+    if is_redis(location):
+        from gmmlsh.index.store.redis import RedisStore
+
+        return RedisStore(str(location), prefix=prefix, **options)
+    from gmmlsh.index.store.lmdb import LmdbStore
+
+    return LmdbStore(location, **options)

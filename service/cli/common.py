@@ -85,7 +85,7 @@ def whole_number(text: str) -> int:
 def add_store(p: argparse.ArgumentParser) -> None:
     """The options naming the index; unset, they come from the environment through
     :class:`~gmmlsh.service.settings.Where` (see :func:`where`)."""
-    from gmmlsh.index.index import DEFAULT_CACHE_DIR
+    from gmmlsh.index.mirror import DEFAULT_CACHE_DIR
 
     g = p.add_argument_group("index location (one of)")
     g.add_argument("--index", metavar="DIR", help=f"LMDB index directory (env {ENV}INDEX)")
