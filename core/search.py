@@ -268,16 +268,75 @@ def exact_scan(qbuf, qn, exclude, rows, lo, hi, out):
             out[r - lo] = -1.0
 
 
+#: Coordinates summed into one block of the bound exact search prunes rows with
+#: (:func:`bound_sums`): narrow enough that the bound is tight on images (~4 % of Fashion-MNIST's
+#: rows reach a query's true 10th neighbour by it), wide enough that it costs a small share of
+#: an exact score (docs/tuning.md, "Exact search").
+BOUND_WIDTH = 16
+
+
 @njit(nogil=True, cache=True, fastmath=_FAST)
-def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s):
+def _block_sums(vals, sums):
+    """``sums[b]``: the positive values of coordinates ``[b·W, (b+1)·W)`` summed, ``sums[B + b]``
+    the magnitudes of its negative ones (``W`` = :data:`BOUND_WIDTH`, ``B`` = half of ``sums``).
+    Returns how many of ``sums`` a bound must read: ``B`` where no value is negative."""
+    nb = sums.shape[0] // 2
+    whole = vals.shape[0] // BOUND_WIDTH
+    if vals.shape[0] == 0 or np.min(vals) >= 0:
+        for b in range(whole):  # a fixed width: unrolled, vectorised
+            block = vals[b * BOUND_WIDTH:(b + 1) * BOUND_WIDTH]
+            total = 0.0
+            for i in range(BOUND_WIDTH):
+                total += np.float64(block[i])
+            sums[b] = total
+        for b in range(whole, nb):
+            sums[b] = 0.0
+            for i in range(b * BOUND_WIDTH, min((b + 1) * BOUND_WIDTH, vals.shape[0])):
+                sums[b] += np.float64(vals[i])
+        return nb
+    for b in range(nb):
+        pos = 0.0
+        neg = 0.0
+        for i in range(b * BOUND_WIDTH, min((b + 1) * BOUND_WIDTH, vals.shape[0])):
+            v = np.float64(vals[i])
+            pos += max(v, 0.0)
+            neg += max(-v, 0.0)
+        sums[b] = pos
+        sums[nb + b] = neg
+    return 2 * nb
+
+
+@njit(nogil=True, cache=True)
+def bound_sums(Q):
+    """The block sums (:func:`_block_sums`) of each dense row of ``Q``, ``(m, 2·⌈dim / W⌉)``: what
+    :func:`exact_block` bounds a query's GMM with."""
+    out = np.empty((Q.shape[0], 2 * ((Q.shape[1] + BOUND_WIDTH - 1) // BOUND_WIDTH)))
+    for j in range(Q.shape[0]):
+        _block_sums(Q[j], out[j])
+    return out
+
+
+@njit(nogil=True, cache=True, fastmath=_FAST)
+def _bound(qsums, sums, used):
+    """An upper bound of ``S`` from block sums: ``Σ_b min(U_b, V_b)`` sign by sign (a block's
+    same-sign minima add up to at most the smaller of its two sums), over the first ``used``."""
+    s = 0.0
+    for b in range(used):
+        s += min(qsums[b], sums[b])
+    return s
+
+
+@njit(nogil=True, cache=True, fastmath=_FAST)
+def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s, todo):
     """``s[j] = S`` of mirror row ``r`` against every query ``j`` (``Q``: the queries' dense
     buffers, ``(m, dim)``; ``QT``: the same transposed; ``nonneg``: no query has a negative
-    value). The row is read from memory once: a dense row, from the cache, against each query
-    in turn (a vectorised sum over its values); a sparse row value by value, against all the
-    queries' values of its coordinate at once (side by side in ``QT``: one vectorised pass,
-    where a query at a time would gather). Where neither side has a negative value the
-    same-sign minimum is the minimum (one instruction, not four). Not inlined: it keeps its
-    own fast-math flags, which let the sums vectorise."""
+    value); a dense row only against the queries ``todo`` names. The row is read from memory
+    once: a dense row, from the cache, against each query in turn (a vectorised sum over its
+    values); a sparse row value by value, against all the queries' values of its coordinate at
+    once (side by side in ``QT``: one vectorised pass, where a query at a time would gather).
+    Where neither side has a negative value the same-sign minimum is the minimum (one
+    instruction, not four). Not inlined: it keeps its own fast-math flags, which let the sums
+    vectorise."""
     off = voff[r]
     count = vi[off]
     m = s.shape[0]
@@ -285,18 +344,20 @@ def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s):
         vals = vf[off + 2:off + 2 + count]
         if nonneg and np.min(vals) >= 0:
             for j in range(m):
-                q = Q[j]
-                total = 0.0
-                for i in range(count):
-                    total += min(q[i], np.float64(vals[i]))
-                s[j] = total
+                if todo[j]:
+                    q = Q[j]
+                    total = 0.0
+                    for i in range(count):
+                        total += min(q[i], np.float64(vals[i]))
+                    s[j] = total
         else:
             for j in range(m):
-                q = Q[j]
-                total = 0.0
-                for i in range(count):
-                    total += _same_sign_min(q[i], np.float64(vals[i]))
-                s[j] = total
+                if todo[j]:
+                    q = Q[j]
+                    total = 0.0
+                    for i in range(count):
+                        total += _same_sign_min(q[i], np.float64(vals[i]))
+                    s[j] = total
     else:
         s[:] = 0.0
         idx = vi[off + 2:off + 2 + count].view(np.uint32)
@@ -315,23 +376,49 @@ def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s):
                     s[j] += _same_sign_min(qrow[j], v)
 
 
+#: ``out`` of :func:`exact_block` for a row a query's bound rules out.
+PRUNED = -2.0
+
+
 @njit(nogil=True, cache=True)
-def exact_block(Q, QT, qn, exclude, rows, lo, hi, out):
+def exact_block(Q, QT, qn, exclude, rows, lo, hi, out, qsums, floor):
     """Exact GMM of many queries against rows ``lo ≤ r < hi``: ``out[j, r − lo]`` (−1 for retired
     rows and query j's ``exclude[j]``). A row is read from memory once for all the queries (see
-    :func:`_row_against_all`)."""
+    :func:`_row_against_all`).
+
+    ``floor[j] > 0``: query j only wants rows that may reach it — a dense row whose GMM bound
+    (the row's block sums against the query's, ``qsums[j]`` from :func:`bound_sums`) is below
+    it is not scored (:data:`PRUNED`). Exact search sets the floor a little under the ``k``-th
+    best similarity found so far: the answer is the same, at a fraction of the work."""
     m = qn.shape[0]
     nonneg = Q.shape[0] == 0 or np.min(Q) >= 0
+    prunes = m > 0 and np.max(floor) > 0
     s = np.empty(m)
+    todo = np.ones(m, np.bool_)
+    sums = np.empty(qsums.shape[1])
     for r in range(lo, hi):
-        if rows.alive[r]:
-            _row_against_all(Q, QT, nonneg, rows.voff, rows.vi, rows.vf, r, s)
-            nr = rows.norms[r]
-            for j in range(m):
-                out[j, r - lo] = _ratio(s[j], qn[j], nr) if r != exclude[j] else -1.0
-        else:
+        if not rows.alive[r]:
             for j in range(m):
                 out[j, r - lo] = -1.0
+            continue
+        nr = rows.norms[r]
+        off = rows.voff[r]
+        dense = rows.vi[off + 1] == 0
+        if prunes and dense:
+            used = _block_sums(rows.vf[off + 2:off + 2 + rows.vi[off]], sums)
+            for j in range(m):  # S ≤ the smaller norm, then the block sums' bound
+                todo[j] = floor[j] <= 0.0 or (min(qn[j], nr) >= floor[j] * max(qn[j], nr) and
+                                              _ratio(_bound(qsums[j], sums, used), qn[j], nr) >= floor[j])
+        _row_against_all(Q, QT, nonneg, rows.voff, rows.vi, rows.vf, r, s, todo)
+        for j in range(m):
+            if r == exclude[j]:
+                out[j, r - lo] = -1.0
+            elif todo[j] or not dense:
+                out[j, r - lo] = _ratio(s[j], qn[j], nr)
+            else:
+                out[j, r - lo] = PRUNED
+        if prunes and dense:
+            todo[:] = True
 
 
 @njit(nogil=True, cache=True)

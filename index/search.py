@@ -27,7 +27,7 @@ from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import spread
 from gmmlsh.core.postings import exact_postings, postings_search
-from gmmlsh.core.search import exact_block, exact_scan, row_cosine, search
+from gmmlsh.core.search import bound_sums, exact_block, exact_scan, row_cosine, search
 from gmmlsh.core.select import GROUP, top_k
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.config import DEFAULT_K, DEFAULT_RARE, RANK_BITS_MAX, IndexConfig, SearchParams
@@ -212,6 +212,11 @@ def run_postings(view: View, p: Prepared, params: SearchParams) -> tuple[np.ndar
 
 #: Bytes of similarities a batch of exact queries holds at a time (rows are scored in blocks).
 _EXACT_BLOCK_BYTES = 32 << 20
+#: Rows of the first step of :func:`_exact_block`, scored whole to give each query a floor.
+_FIRST_STEP = 8192
+#: How far under a query's ``k``-th best so far its floor is set: far above the rounding of a
+#: similarity (~1e-15), so that no row that ties the ``k``-th is left out.
+_FLOOR_SLACK = 1e-9
 #: Queries of a batch timed on each exact path before the faster takes the rest.
 _PROBE_QUERIES = 4
 
@@ -255,25 +260,39 @@ def _cut(found: tuple[np.ndarray, np.ndarray, int], k: int) -> tuple[np.ndarray,
 
 
 def _exact_block(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """Every query against every row, the rows in steps: after a step each query's ``k``-th best
+    so far (less :data:`_FLOOR_SLACK`) is its floor, and the next steps leave out the dense rows
+    whose GMM bound is below it (:func:`~gmmlsh.core.search.exact_block`). The first step is
+    short, so that most rows meet a floor."""
     if not qs:
         return []
     n, m = view.rows, len(qs)
     Q = np.stack([p.q.dense for p in qs])
     QT = np.ascontiguousarray(Q.T)
     qn = np.array([p.q.norm for p in qs])
+    qsums = bound_sums(Q)
     exclude = np.array([p.exclude for p in qs], dtype=np.int64)
+    floor = np.zeros(m)
+    best = [np.zeros(0) for _ in qs]  # each query's k best similarities so far
     step = max(1024, _EXACT_BLOCK_BYTES // (8 * m))
     out = np.empty((m, min(step, max(n, 1))))  # whole (C-contiguous) for every block; the last fills part
     kept: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in qs]
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        spread(lambda a, b, lo=lo: exact_block(Q, QT, qn, exclude, view.row_bundle, lo + a, lo + b, out[:, a:b]),
-               hi - lo, int(view.voff[hi] - view.voff[lo]) * m)
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + (step if lo else min(step, _FIRST_STEP)))
+        spread(lambda a, b, lo=lo: exact_block(Q, QT, qn, exclude, view.row_bundle, lo + a, lo + b, out[:, a:b],
+                                               qsums, floor), hi - lo, int(view.voff[hi] - view.voff[lo]) * m)
         for j in range(m):
             sims = out[j, :hi - lo]
-            cut = max(0.0, np.partition(sims, -k)[-k]) if sims.shape[0] > k else 0.0
-            keep = np.flatnonzero(sims >= cut)
-            kept[j].append((keep + lo, sims[keep].copy()))
+            keep = np.flatnonzero(sims >= floor[j])  # retired and pruned rows are below any floor
+            if keep.shape[0] > k:
+                keep = keep[sims[keep] >= np.partition(sims[keep], -k)[-k]]
+            kept[j].append((keep + lo, sims[keep]))
+            best[j] = np.concatenate([best[j], sims[keep]])
+            if best[j].shape[0] >= k:
+                best[j] = np.partition(best[j], -k)[-k:]
+                floor[j] = max(floor[j], best[j][0] - _FLOOR_SLACK)
+        lo = hi
     found = []
     for j, p in enumerate(qs):
         rows = np.concatenate([r for r, _ in kept[j]])

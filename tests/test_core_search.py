@@ -25,7 +25,7 @@ from gmmlsh.core.ivf import (
     profile_scores,
     profiles,
 )
-from gmmlsh.core.search import exact_scan, row_gmm, search, shortlist_of
+from gmmlsh.core.search import PRUNED, bound_sums, exact_block, exact_scan, row_gmm, search, shortlist_of
 from gmmlsh.core.select import select, top_k
 
 Z = 4.0  # standard errors
@@ -190,6 +190,32 @@ def test_row_gmm_and_exact_equal_the_reference_on_dense_and_sparse_rows():
     exact_scan(q, qn, 7, _rows(X32, alive=alive), 0, 40, out)
     assert out[5] == -1 and out[7] == -1
     np.testing.assert_allclose(np.delete(out, [5, 7]), np.delete(want, [5, 7]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_exact_block_leaves_out_only_rows_a_floor_rules_out(fmnist, signed):
+    """Given a floor per query, exact_block leaves out (PRUNED) the dense rows whose bound from
+    block sums is below it, and scores every other row as it does without a floor: no row at or
+    over the floor is ever left out. On images the bound is tight: most dense rows under a
+    query's 10th best are left out."""
+    X, Q = fmnist[0][:2000].astype(np.float64), fmnist[2][:6].astype(np.float64)
+    if signed:  # centred: values of both signs, the bound's two halves
+        mean = X.mean(axis=0)
+        X, Q = X - mean, Q - mean
+    rows = _rows(X.astype(np.float32))  # odd rows stored sparse (never left out), even rows dense
+    qn, exclude, QT, qsums = np.abs(Q).sum(axis=1), np.array([-1, 4, -1, -1, -1, -1]), np.ascontiguousarray(Q.T), \
+        bound_sums(Q)
+    full, out = np.empty((6, 2000)), np.empty((6, 2000))
+    exact_block(Q, QT, qn, exclude, rows, 0, 2000, full, qsums, np.zeros(6))
+    assert full[1, 4] == -1 and (full[np.arange(6) != 1] >= 0).all()
+    floor = np.sort(full, axis=1)[:, -10]  # each query's 10th best
+    exact_block(Q, QT, qn, exclude, rows, 0, 2000, out, qsums, floor)
+    pruned = out == PRUNED
+    assert not pruned[:, 1::2].any()
+    assert np.array_equal(out[~pruned], full[~pruned])
+    assert (full[pruned] < np.broadcast_to(floor[:, None], full.shape)[pruned]).all()
+    below = full[:, 0::2] < floor[:, None]
+    assert pruned[:, 0::2].sum() > 0.5 * below.sum()
 
 
 def test_coarse_rows_give_gmm_within_their_quantisation():
