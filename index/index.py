@@ -16,8 +16,10 @@ import contextlib
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,9 @@ class Index:
         self.shared = SharedSample(self.mirror.dir, config.dim)
         #: The recall monitor's share of this process's served queries (:mod:`gmmlsh.index.monitor`).
         self.recorder = monitor.Recorder(self.mirror.dir, monitor_budget)
+        #: Writes both to their files off the query thread, one hand-off at a time (_hand_off).
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-flush")
+        self._flushing = threading.Lock()
         #: How to open this index again (a worker process running its upkeep does).
         self.open_args: dict = {}
         #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
@@ -431,11 +436,26 @@ class Index:
         """After an answer: upkeep told of the view, the served and recorded queries handed on when due."""
         if self._auto:
             self.upkeep.poke(view)
-        if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES):
-            self.flush_served()
-        if self.recorder.due():
-            self.flush_recorded()
+        if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES) or self.recorder.due():
+            self._hand_off()
         return out
+
+    def _hand_off(self) -> None:
+        """Flush the served and recorded queries on the flusher's thread: their merge and file
+        writes (a few milliseconds, more on a busy disk) are never a query's time. A query finding
+        a hand-off under way leaves it be; the next one due after it starts another."""
+        if self._flushing.acquire(blocking=False):
+            try:
+                self._flusher.submit(self._flush_both)
+            except RuntimeError:  # closed: close() has flushed what there was
+                self._flushing.release()
+
+    def _flush_both(self) -> None:
+        try:
+            self.flush_served()
+            self.flush_recorded()
+        finally:
+            self._flushing.release()
 
     def flush_served(self) -> None:
         """Merge the queries this process served into the index's shared sample."""
@@ -556,6 +576,7 @@ class Index:
     def close(self) -> None:
         """Close the store; what this process wrote to the search mirror is put on disk first."""
         try:
+            self._flusher.shutdown(wait=True)  # a hand-off under way ends before the last flush
             self.flush_served()
             self.flush_recorded()
             if self.mirror.written:

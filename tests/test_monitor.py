@@ -189,3 +189,35 @@ def test_the_shared_sample_of_served_queries_merges_uniformly_and_keeps_rows_exa
     assert all(k in offered for k in kept)
     from_dense = sum(k in {r.tobytes() for r in dense} for k in kept)
     assert abs(from_dense - 128) <= 5 * 8
+
+
+def test_served_queries_are_saved_off_the_query_thread(built, data, monkeypatch):
+    """The query that makes the served sample due hands its merge and file writes to the
+    flusher's thread and returns: with that merge held up, queries keep answering, no second
+    merge starts beside it, and once it goes on the shared sample holds what was served."""
+    import threading
+
+    from gmmlsh.index import served
+
+    _, Q = data
+    release, started, calls = threading.Event(), threading.Event(), []
+    real = served.SharedSample.add
+
+    def held_up(self, sample, lock):
+        calls.append(threading.current_thread().name)
+        started.set()
+        assert release.wait(30)
+        real(self, sample, lock)
+
+    monkeypatch.setattr(served.SharedSample, "add", held_up)
+    with _open(built) as ix:
+        ix.shared.held = 0  # eager: due every FLUSH_QUERIES queries
+        for q in Q[:served.FLUSH_QUERIES]:
+            ix.query(q)
+        assert started.wait(10)
+        for q in Q[:served.FLUSH_QUERIES]:  # due again, the first merge still held up
+            ix.query(q)
+        assert calls == ["gmmlsh-flush_0"]
+        release.set()
+        ix._flusher.submit(lambda: None).result(10)
+        assert ix.shared.count() >= served.FLUSH_QUERIES
