@@ -77,6 +77,9 @@ EXACT_MARGIN = 3.0
 _RARE_SHARES = (1 / 1024, 1 / 256, 1 / 128, 1 / 64)
 _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
 _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
+#: The postings search's candidates: more rows share a rare coordinate as the index grows
+#: (text at 1M needs ~1,600 where 100,000 rows needed 200).
+_POSTINGS_CANDIDATES = _CANDIDATES + (1200, 1600, 2400, 3200, 4000)
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
 _WIDE = (3000, 400)
 #: Past the ladder: the widest shortlist and candidates a widened search grows to.
@@ -289,14 +292,14 @@ def _postings_settings(trials: _Trials, rival: float) -> list[tuple[float, Searc
     the cheapest of them is slower than ``rival`` (seconds a query of the best setting found)."""
     if not trials.view.postings_search:
         return []
-    if trials.seconds(SearchParams(rare=_RARE_SHARES[0], candidates=_CANDIDATES[0])) > rival:
+    if trials.seconds(SearchParams(rare=_RARE_SHARES[0], candidates=_POSTINGS_CANDIDATES[0])) > rival:
         return []
     found = []
     for rare in _RARE_SHARES:
-        best, lo, hi = None, 0, len(_CANDIDATES) - 1
+        best, lo, hi = None, 0, len(_POSTINGS_CANDIDATES) - 1
         while lo <= hi and not trials.spent:
             mid = (lo + hi) // 2
-            params = SearchParams(rare=rare, candidates=_CANDIDATES[mid])
+            params = SearchParams(rare=rare, candidates=_POSTINGS_CANDIDATES[mid])
             r = trials.recall(params)
             if r >= trials.target:
                 best, hi = (params, r), mid - 1
@@ -307,17 +310,27 @@ def _postings_settings(trials: _Trials, rival: float) -> list[tuple[float, Searc
     return found
 
 
-def _widened(trials: _Trials, qs: list[Prepared], true: list, rank_bits: int) -> tuple[SearchParams, float]:
-    """Past the ladder: every list, then shortlist and candidates doubled in turn up to
+def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParams) -> tuple[SearchParams, float]:
+    """Past what the exploration found: from ``start`` (the cheapest sketch search it found
+    reaching the target, which then missed on the whole sample, or the ladder's widest), more
+    lists a rung at a time up to every list, then shortlist and candidates doubled in turn up to
     :data:`_WIDEST`, until the whole sample's recall (scored) reaches the target; the widest
-    tried and its recall otherwise."""
-    shortlist, candidates = _WIDE
-    while True:
-        params = SearchParams(probes=0, shortlist=shortlist, rank_bits=rank_bits, candidates=candidates)
+    tried and its recall otherwise. A step at a time: at a million rows a query through 32
+    lists costs ~0.5 ms, through every list ~6 ms."""
+    rungs = [p for p in _probe_ladder(trials.view.list_count) if (start.probes and p > start.probes) or p == 0]
+    params, r = start, 0.0
+    for probes in rungs:
+        params = replace(start, probes=probes)
         r = _recall(trials.view, qs, true, params, trials.config, scored=True)
-        if r >= trials.target or (shortlist, candidates) == _WIDEST:
+        if r >= trials.target:
             return params, r
-        shortlist, candidates = min(_WIDEST[0], 2 * shortlist), min(_WIDEST[1], 2 * candidates)
+    while (params.shortlist, params.candidates) != _WIDEST:
+        params = replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist),
+                         candidates=min(_WIDEST[1], 2 * params.candidates))
+        r = _recall(trials.view, qs, true, params, trials.config, scored=True)
+        if r >= trials.target:
+            break
+    return params, r
 
 
 def tune(view: View, config: IndexConfig, *, target: float | None = None, queries: int | None = None,
@@ -348,18 +361,16 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     reached = _sketch_settings(trials, view.list_count, rank_choices)
     rival = min((s for s, _, _ in reached), default=float("inf"))
     reached += _postings_settings(trials, rival)
-    # The fastest whose answers reach the target on the whole sample, scored, are timed again,
-    # best of three passes: one noisy pass must not decide.
-    finalists: list[tuple[SearchParams, float]] = []
-    for _, params, _ in sorted(reached, key=lambda x: x[0]):
-        if len(finalists) == FINALISTS:
-            break
-        r = _recall(view, qs, true, params, config, scored=True)
-        if r >= target:
-            finalists.append((params, r))
+    finalists = _finalists(view, qs, true, config, target, reached)
+    if not finalists and rival < float("inf"):  # the sketch searches that seemed to reach it did not
+        finalists = _finalists(view, qs, true, config, target, _postings_settings(trials, float("inf")))
     missed = not finalists
     if missed:  # nothing on the ladder reaches it on the whole sample: widen the search until it does
-        finalists = [_widened(trials, qs, true, rank_choices[0])]
+        sketches = sorted((x for x in reached if x[1].rare == 0), key=lambda x: x[0])
+        start = sketches[0][1] if sketches else SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0],
+                                                             candidates=_WIDE[1])
+        finalists = [_widened(trials, qs, true, start)]
+    # the finalists timed again, best of three passes: one noisy pass must not decide
     best = min(((trials.seconds(p, rounds=3, qs=qs[:TIMING_QUERIES]), p, r) for p, r in finalists),
                key=lambda x: x[0])
     exact_s = _exact_seconds(view, qs[:8], (EXACT_MARGIN if best[2] < target else 1.0) * best[0])
@@ -376,6 +387,20 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
         return replace(best[1], exact=True, rare=0.0), report
     report["chosen"] = "postings" if best[1].rare > 0 else "sketch"
     return best[1], report
+
+
+def _finalists(view: View, qs: list[Prepared], true: list, config: IndexConfig, target: float,
+               reached: list[tuple[float, SearchParams, float]]) -> list[tuple[SearchParams, float]]:
+    """The fastest :data:`FINALISTS` of ``reached`` whose answers reach ``target`` on the whole
+    sample, scored (the exploration counted rows reached, on part of it), with their recall."""
+    finalists: list[tuple[SearchParams, float]] = []
+    for _, params, _ in sorted(reached, key=lambda x: x[0]):
+        if len(finalists) == FINALISTS:
+            break
+        r = _recall(view, qs, true, params, config, scored=True)
+        if r >= target:
+            finalists.append((params, r))
+    return finalists
 
 
 def _exact_seconds(view: View, qs: list[Prepared], rival: float) -> float:

@@ -444,6 +444,42 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
             assert tuner._recall(view, qs, truth, params, ix.config, scored=True) == pytest.approx(bound, abs=1e-12)
 
 
+def test_a_search_that_misses_on_the_whole_sample_is_widened_a_rung_at_a_time(monkeypatch):
+    """Fashion-MNIST at a million: the cheapest settings the exploration found (16–24 lists)
+    missed the target on the whole sample, scored, and the search went straight to every list
+    (6 ms a query where 32 lists took 0.56). Widening goes a rung of lists at a time from the
+    cheapest of them, then to longer shortlists and more candidates at every list; the first
+    setting reaching the target is kept (here recall as a step at a known width)."""
+    from types import SimpleNamespace
+
+    from gmmlsh.index import tuner
+    from gmmlsh.index.config import SearchParams
+
+    tried = []
+
+    def step(view, qs, true, params, config, scored=False):
+        assert scored
+        tried.append((params.probes, params.shortlist, params.candidates))
+        return 0.97 if reach(params) else 0.9
+
+    monkeypatch.setattr(tuner, "_recall", step)
+    trials = SimpleNamespace(view=SimpleNamespace(list_count=1000), config=None, target=0.96)
+    start = SearchParams(probes=16, shortlist=500, rank_bits=2, candidates=200)
+    reach = lambda p: p.probes >= 48  # noqa: E731
+    assert tuner._widened(trials, [], [], start) == (SearchParams(probes=48, shortlist=500, rank_bits=2,
+                                                                  candidates=200), 0.97)
+    assert tried == [(24, 500, 200), (32, 500, 200), (48, 500, 200)]
+    tried.clear()
+    reach = lambda p: p.probes == 0 and p.candidates >= 800  # noqa: E731
+    params, r = tuner._widened(trials, [], [], start)
+    assert (params.probes, params.shortlist, params.candidates, r) == (0, 2000, 800, 0.97)
+    assert tried[0] == (24, 500, 200) and tried[-3:] == [(0, 500, 200), (0, 1000, 400), (0, 2000, 800)]
+    tried.clear()
+    reach = lambda p: False  # noqa: E731
+    params, r = tuner._widened(trials, [], [], start)
+    assert (params.shortlist, params.candidates, r) == (*tuner._WIDEST, 0.9)
+
+
 def _listed(view) -> np.ndarray:
     """Every mirror row some segment lists (with repeats, if any)."""
     lists = view.lists
@@ -557,7 +593,8 @@ def test_exact_in_batches_equals_exact_one_at_a_time(tmp_path, fmnist, monkeypat
     """The tuner's truth comes from batched exact search: rows scored in blocks against all
     queries, or query by query through postings, whichever is faster on the data. Both give
     run_exact's best similarities, and its count, with each stored query's own row left out;
-    several blocks, the last one short."""
+    several blocks, the last one short, the later ones leaving out the rows their bound rules
+    out (dense rows, signed too)."""
     from gmmlsh.index import search
     from gmmlsh.index.search import prepare_row, prepare_vectors, run_exact, run_exact_many
 
@@ -566,7 +603,9 @@ def test_exact_in_batches_equals_exact_one_at_a_time(tmp_path, fmnist, monkeypat
     S = sp.random(3000, 20_000, density=0.003, random_state=4, format="csr", dtype=np.float32)
     S.data = np.round(S.data * 9 + 1)
     S = S[np.diff(S.indptr) > 0]
-    for name, data, queries, dim in (("dense", X[:3000], Q[:5], 784), ("sparse", S, S[:5], 20_000)):
+    mean = X[:3000].mean(axis=0)
+    for name, data, queries, dim in (("dense", X[:3000], Q[:5], 784), ("signed", X[:3000] - mean, Q[:5] - mean, 784),
+                                     ("sparse", S, S[:5], 20_000)):
         with Index.open(tmp_path / name, IndexConfig(dim=dim, samples=64), maintain=False) as ix:
             ix.upsert([str(i) for i in range(data.shape[0])], data)
             ix.delete(["7", "8"])
@@ -575,6 +614,7 @@ def test_exact_in_batches_equals_exact_one_at_a_time(tmp_path, fmnist, monkeypat
             qs = [prepare_row(view, int(r), ix.config) for r in rng.choice(view.rows, 6, replace=False)]
             qs += prepare_vectors(queries.astype(np.float32), ix.config, sketch=False)
             monkeypatch.setattr(search, "_EXACT_BLOCK_BYTES", 8 * len(qs) * 1100)  # blocks of 1,100 rows
+            monkeypatch.setattr(search, "_FIRST_STEP", 300)
             for k in (1, 10):
                 for many in (run_exact_many, search._exact_block):  # the chosen path, and the blocks
                     for q, (rows, sims, scored) in zip(qs, many(view, qs, k), strict=True):
