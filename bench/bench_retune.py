@@ -1,0 +1,97 @@
+"""What a re-tune costs at n: ``Index.maintain(queries=…)`` on each data shape (issue 30, acceptance 2).
+
+For each shape of the data zoo (:mod:`bench.zoo`): ``gmmlsh build`` of its first ``n`` rows
+(or an index built before, ``--keep``), then, in one process, ``--rounds`` re-tunes on
+``--queries`` held-out queries, each timed whole and in parts as the tuner reports them (its
+truth — an exact search of every sample query —, its trials, the setting chosen).
+
+    python -m bench.bench_retune --shapes fashion,signed,strokes,text --n 1000000 --workdir DIR \\
+        [--queries 256] [--rounds 2] [--keep] [--out bench/out/retune-1m.md]
+
+The index stays in ``--workdir`` (``lmdb-SHAPE-N``): ~10 GB a shape at 1M; without
+``--keep`` it is removed after its shape's rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from bench import zoo
+from bench.common import build_index, emit, store_args
+from gmmlsh.index.index import Index
+
+#: The tuned search's knobs the report names (those set).
+SETTING = ("probes", "shortlist", "candidates", "rare", "exact")
+
+
+def retune(where: Path, queries, rounds: int) -> list[dict]:
+    """``rounds`` re-tunes on ``queries``: each one's seconds and the tuner's report."""
+    out = []
+    with Index.open(where, maintain=False) as ix:
+        for _ in range(rounds):
+            t = time.perf_counter()
+            done = ix.maintain(queries=queries)
+            tuned = (done.get("tune") or [{}])[-1]
+            search = ix.stats()["search"]
+            out.append({"seconds": time.perf_counter() - t, **tuned,
+                        "setting": ", ".join(f"{k} {search[k]}" for k in SETTING if search.get(k))})
+    return out
+
+
+#: The report's columns: (heading, what a run's row shows).
+COLUMNS = (("re-tune s", lambda run: f"{run['seconds']:.1f}"), ("truth s", lambda run: run.get("truth_seconds")),
+           ("trials", lambda run: run.get("trials")), ("chosen", lambda run: run.get("chosen")),
+           ("recall bound", lambda run: run.get("sample_recall_bound")),
+           ("search ms", lambda run: run.get("search_ms")), ("setting", lambda run: run.get("setting")))
+
+
+def report(rows: list[dict], a: argparse.Namespace) -> list[str]:
+    """The markdown table: a row per re-tune, the build's time on each shape's first."""
+    lines = [f"    python -m bench.bench_retune --shapes {a.shapes} --n {a.n} --queries {a.queries} "
+             f"--rounds {a.rounds}", "",
+             f"| shape ({a.n:,} rows) | build | " + " | ".join(h for h, _ in COLUMNS) + " |",
+             "|---|---:|" + "---:|" * (len(COLUMNS) - 1) + "---|"]
+    for r in rows:
+        took = r["build_seconds"]
+        for i, run in enumerate(r["runs"]):
+            built = f"{took:.1f} s ({a.n / took:,.0f} rows/s)" if took and not i else ""
+            cells = [str(show(run)) if show(run) is not None else "—" for _, show in COLUMNS]
+            lines.append(f"| {r['shape']} | {built} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="fashion,signed,strokes,text")
+    p.add_argument("--n", type=int, default=1_000_000)
+    p.add_argument("--queries", type=int, default=256, help="held-out queries tuned on")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--keep", action="store_true", help="keep each index (and use one already built)")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    rows = []
+    for name in a.shapes.split(","):
+        shape = zoo.SHAPES[name]
+        where = a.workdir / f"lmdb-{name}-{a.n}"
+        built = None
+        if not (a.keep and where.exists()):
+            shutil.rmtree(where, ignore_errors=True)
+            shape.data(a.n)
+            built = build_index(shape.path(a.n), store_args(where))
+        runs = retune(where, shape.queries(a.queries, 0), a.rounds)
+        rows.append({"shape": name, "build_seconds": built and built["command_seconds"], "runs": runs})
+        print(json.dumps(rows[-1], default=str), flush=True)
+        if not a.keep:
+            shutil.rmtree(where, ignore_errors=True)
+    emit(report(rows, a), a.out)
+    if a.out:
+        a.out.with_suffix(".json").write_text(json.dumps(rows, default=str, indent=1))
+
+
+if __name__ == "__main__":
+    main()
