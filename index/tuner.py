@@ -78,7 +78,7 @@ _RARE_SHARES = (1 / 1024, 1 / 256, 1 / 128, 1 / 64)
 _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
 _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
 #: The postings search's candidates: more rows share a rare coordinate as the index grows
-#: (text at 1M needs ~1,600 where 100,000 rows needed 200).
+#: (text at 1M needs 1,200 where 100,000 rows needed 200).
 _POSTINGS_CANDIDATES = _CANDIDATES + (1200, 1600, 2400, 3200, 4000)
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
 _WIDE = (3000, 400)
