@@ -436,14 +436,17 @@ class Index:
         """After an answer: upkeep told of the view, the served and recorded queries handed on when due."""
         if self._auto:
             self.upkeep.poke(view)
-        if self.served.due(eager=self.shared.held < tuner.MIN_QUERIES) or self.recorder.due():
+        if self._flush_due():
             self._hand_off()
         return out
+
+    def _flush_due(self) -> bool:
+        return self.served.due(eager=self.shared.held < tuner.MIN_QUERIES) or self.recorder.due()
 
     def _hand_off(self) -> None:
         """Flush the served and recorded queries on the flusher's thread: their merge and file
         writes (a few milliseconds, more on a busy disk) are never a query's time. A query finding
-        a hand-off under way leaves it be; the next one due after it starts another."""
+        a hand-off under way leaves it be: that hand-off looks again once done."""
         if self._flushing.acquire(blocking=False):
             try:
                 self._flusher.submit(self._flush_both)
@@ -451,11 +454,15 @@ class Index:
                 self._flushing.release()
 
     def _flush_both(self) -> None:
-        try:
-            self.flush_served()
-            self.flush_recorded()
-        finally:
-            self._flushing.release()
+        """Flush both; again if more came due meanwhile, unless another hand-off has taken over."""
+        while True:
+            try:
+                self.flush_served()
+                self.flush_recorded()
+            finally:
+                self._flushing.release()
+            if not self._flush_due() or not self._flushing.acquire(blocking=False):
+                return
 
     def flush_served(self) -> None:
         """Merge the queries this process served into the index's shared sample."""

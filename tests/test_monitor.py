@@ -9,6 +9,7 @@ estimate must equal the true recall of what was served, computed here against ex
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -39,6 +40,14 @@ def built(tmp_path_factory, data):
         ix.upsert([str(i) for i in range(ROWS)], X)
         ix.maintain()
     return path
+
+
+def _until(done, seconds: float = 10.0) -> None:
+    """Wait for ``done()``: a query hands its records to the flusher's thread and returns."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "not handed over"
+        time.sleep(0.01)
 
 
 def _mistune(ix: Index) -> None:
@@ -93,7 +102,7 @@ def test_without_a_measured_cost_one_query_is_recorded_to_measure_it(built, data
         assert ix.recorder.exact_seconds == 0
         answers = [ix.query(q, k=10) for q in Q[:3]]
         assert {a.mode for a in answers} == {"sketch"} and ix.recorder.share == 0
-        assert monitor.pending(ix.mirror.dir) and ix.recorder.held == 0  # one record, handed over
+        _until(lambda: monitor.pending(ix.mirror.dir) and ix.recorder.held == 0)  # one record, handed over
         done = ix.maintain()
         assert done["monitor"] == [{"checked": 1}]
         state = monitor.read_state(ix.mirror.dir)
