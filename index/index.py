@@ -96,15 +96,12 @@ class Index:
         self._auto = maintain
         self._tune_tried = False
         self.last_tuning: dict | None = None
-        #: The queries this process served since it last merged them into the index's shared sample,
-        #: which the tuner re-tunes on (:mod:`gmmlsh.index.served`).
+        #: Queries served since last merged into the shared sample the tuner re-tunes on (index.served).
         self.served = QuerySample()
         self.shared = SharedSample(self.mirror.dir, config.dim)
         #: The recall monitor's share of this process's served queries (:mod:`gmmlsh.index.monitor`).
         self.recorder = monitor.Recorder(self.mirror.dir, monitor_budget)
-        #: Writes both to their files off the query thread, one hand-off at a time (_hand_off).
-        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-flush")
-        self._flushing = threading.Lock()
+        self._flusher, self._flushing = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-flush"), threading.Lock()
         #: How to open this index again (a worker process running its upkeep does).
         self.open_args: dict = {}
         #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
@@ -436,17 +433,16 @@ class Index:
         """After an answer: upkeep told of the view, the served and recorded queries handed on when due."""
         if self._auto:
             self.upkeep.poke(view)
-        if self._flush_due():
+        if any(self._flush_due()):
             self._hand_off()
         return out
 
-    def _flush_due(self) -> bool:
-        return self.served.due(eager=self.shared.held < tuner.MIN_QUERIES) or self.recorder.due()
+    def _flush_due(self) -> tuple[bool, bool]:  # (the served sample, the recorded queries)
+        return self.served.due(eager=self.shared.held < tuner.MIN_QUERIES), self.recorder.due()
 
     def _hand_off(self) -> None:
-        """Flush the served and recorded queries on the flusher's thread: their merge and file
-        writes (a few milliseconds, more on a busy disk) are never a query's time. A query finding
-        a hand-off under way leaves it be: that hand-off looks again once done."""
+        """Flush what is due on the flusher's thread, never a query's time; a query finding a
+        hand-off under way leaves it be (it looks again once done)."""
         if self._flushing.acquire(blocking=False):
             try:
                 self._flusher.submit(self._flush_both)
@@ -454,14 +450,17 @@ class Index:
                 self._flushing.release()
 
     def _flush_both(self) -> None:
-        """Flush both; again if more came due meanwhile, unless another hand-off has taken over."""
+        """Flush what is due; again if more came due meanwhile, unless another hand-off took over."""
         while True:
+            served, recorded = self._flush_due()
             try:
-                self.flush_served()
-                self.flush_recorded()
+                if served:
+                    self.flush_served()
+                if recorded:
+                    self.flush_recorded()
             finally:
                 self._flushing.release()
-            if not self._flush_due() or not self._flushing.acquire(blocking=False):
+            if not any(self._flush_due()) or not self._flushing.acquire(blocking=False):
                 return
 
     def flush_served(self) -> None:
