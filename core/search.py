@@ -293,6 +293,7 @@ def _block_sums(vals, sums):
             sums[b] = 0.0
             for i in range(b * BOUND_WIDTH, min((b + 1) * BOUND_WIDTH, vals.shape[0])):
                 sums[b] += np.float64(vals[i])
+        sums[nb:] = 0.0  # read where the other side has negative values
         return nb
     for b in range(nb):
         pos = 0.0
