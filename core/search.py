@@ -269,9 +269,8 @@ def exact_scan(qbuf, qn, exclude, rows, lo, hi, out):
 
 
 #: Coordinates summed into one block of the bound exact search prunes rows with
-#: (:func:`bound_sums`): narrow enough that the bound is tight on images (~4 % of Fashion-MNIST's
-#: rows reach a query's true 10th neighbour by it), wide enough that it costs a small share of
-#: an exact score (docs/tuning.md, "Exact search").
+#: (:func:`bound_sums`): narrow enough that the bound is tight on images, wide enough that it
+#: costs a small share of an exact score (docs/tuning.md, "Exact search in blocks").
 BOUND_WIDTH = 16
 
 

@@ -78,7 +78,7 @@ _RARE_SHARES = (1 / 1024, 1 / 256, 1 / 128, 1 / 64)
 _SHORTLISTS = (250, 500, 750, 1000, 1500, 2000, 3000, 4000)
 _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
 #: The postings search's candidates: more rows share a rare coordinate as the index grows
-#: (text at 1M needs 1,200 where 100,000 rows needed 200).
+#: (docs/tuning.md, "The postings search").
 _POSTINGS_CANDIDATES = _CANDIDATES + (1200, 1600, 2400, 3200, 4000)
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
 _WIDE = (3000, 400)
@@ -315,8 +315,8 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
     reaching the target, which then missed on the whole sample, or the ladder's widest), more
     lists a rung at a time up to every list, then shortlist and candidates doubled in turn up to
     :data:`_WIDEST`, until the whole sample's recall (scored) reaches the target; the widest
-    tried and its recall otherwise. A step at a time: at a million rows a query through 32
-    lists costs ~0.5 ms, through every list ~6 ms."""
+    tried and its recall otherwise. A step at a time: every list can cost ten times what a few
+    more lists do (docs/tuning.md, "The tuner's ladder")."""
     rungs = [p for p in _probe_ladder(trials.view.list_count) if (start.probes and p > start.probes) or p == 0]
     params, r = start, 0.0
     for probes in rungs:
