@@ -138,15 +138,31 @@ def _sparse_csr(qi, qv, qn, indptr, indices, data, xn, rows, out):
 @njit(nogil=True, cache=True, fastmath=_FAST)
 def _dense_block(Q, qn, X, xn, out):
     """All queries × the rows of ``X`` (``out[a, r]``), tiled so a block of rows is reused from
-    cache by every query."""
-    n = X.shape[0]
+    cache by every query, and four queries scored at once against a row (each of its values is
+    read once for four sums)."""
+    n, m, d = X.shape[0], Q.shape[0], Q.shape[1]
     bs = 64
     for lo in range(0, n, bs):
         hi = min(n, lo + bs)
-        for a in range(Q.shape[0]):
+        for a in range(0, m - m % 4, 4):
+            q0, q1, q2, q3 = Q[a], Q[a + 1], Q[a + 2], Q[a + 3]
+            for r in range(lo, hi):
+                x = X[r]
+                s0 = s1 = s2 = s3 = 0.0
+                for i in range(d):
+                    v = np.float64(x[i])
+                    s0 += _same_sign_min(q0[i], v)
+                    s1 += _same_sign_min(q1[i], v)
+                    s2 += _same_sign_min(q2[i], v)
+                    s3 += _same_sign_min(q3[i], v)
+                out[a, r] = _ratio(s0, qn[a], xn[r])
+                out[a + 1, r] = _ratio(s1, qn[a + 1], xn[r])
+                out[a + 2, r] = _ratio(s2, qn[a + 2], xn[r])
+                out[a + 3, r] = _ratio(s3, qn[a + 3], xn[r])
+        for a in range(m - m % 4, m):
             for r in range(lo, hi):
                 s = 0.0
-                for i in range(Q.shape[1]):
+                for i in range(d):
                     s += _same_sign_min(Q[a, i], np.float64(X[r, i]))
                 out[a, r] = _ratio(s, qn[a], xn[r])
 
