@@ -40,13 +40,15 @@ def coarse_sizes(voff, vi, lo, hi):
     return out
 
 
-@njit(nogil=True, cache=True)
-def coarse_encode(voff, vi, vf, norms, lo, hi, out):
+def coarse_encode(voff, vi, vf, norms, lo: int, hi: int, out: np.ndarray) -> int:
     """The coarse rows of float32 mirror rows ``[lo, hi)``, one after another, into ``out``
-    (uint8, sized by :func:`coarse_sizes`)."""
-    head = out.view(np.float32)
-    counts = out.view(np.int32)
-    levels = out.view(np.int8)
+    (uint8, sized by :func:`coarse_sizes`); returns the bytes written. (Its views are made here:
+    each kind of view a kernel makes compiles numba's view machinery once more.)"""
+    return _coarse_encode(voff, vi, vf, norms, lo, hi, out.view(np.float32), out.view(np.int32), out.view(np.int8))
+
+
+@njit(nogil=True, cache=True)
+def _coarse_encode(voff, vi, vf, norms, lo, hi, head, counts, levels):
     at = 0
     for r in range(lo, hi):
         off = voff[r]

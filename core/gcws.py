@@ -35,6 +35,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from gmmlsh.core.bundles import frozen
 from gmmlsh.core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
 from gmmlsh.core.lane_step import broadcast_step
 from gmmlsh.core.parallel import spread
@@ -153,7 +154,7 @@ def _sample_dense(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
     wstate = np.empty((3, _JB))
     U = np.empty(2)
     for v in range(n):
-        p = 0
+        p = np.int64(0)  # not a literal 0: sign_bounds would be compiled for it too
         for i in range(d):
             # Widen first: numba's log of a float32 is a float32, and sketches must not
             # depend on the input's dtype.
@@ -239,7 +240,7 @@ def _padded(k: int) -> int:
 
 
 #: Stand-in walk table: the sorted walk is off (direct path, or t* wanted).
-NO_WALK = (np.empty((0, 0, 5, _JB), dtype=np.float32), np.empty((0, 0, _JB), dtype=np.uint32))
+NO_WALK = tuple(frozen(a) for a in (np.empty((0, 0, 5, _JB), dtype=np.float32), np.empty((0, 0, _JB), dtype=np.uint32)))
 
 
 @functools.lru_cache(maxsize=4)
@@ -339,7 +340,7 @@ class _CoordCache:
                 self.rows[at] = fresh[keep]  # the rows first, then the slots that name them
                 self.slot[miss[keep]] = at
                 self.used += keep.shape[0]
-        return out
+        return frozen(out)  # read-only, as the full table: one compiled sampler for both
 
 
 @functools.lru_cache(maxsize=4)

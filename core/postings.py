@@ -286,7 +286,9 @@ def postings_search(q, qidx, rows, post, rare_share, candidates, levels, out_row
     heads = np.empty(nq, dtype=np.int64)
     marks = np.empty(nq, dtype=np.int64)
     others = np.empty(nq, dtype=np.int64)  # the query's coordinates without a head column
-    nb = nn = no = 0  # byte heads at the front of heads/marks, packed ones from the back
+    # byte heads at the front of heads/marks, packed ones from the back (numpy integers: a literal 0
+    # reaching _head_block would compile it once more)
+    nb = nn = no = np.int64(0)
     for t in qidx:
         j = post.head_slot[t]
         if j >= 0:  # a head column's values are non-negative: a negative query value shares nothing
@@ -302,8 +304,8 @@ def postings_search(q, qidx, rows, post, rare_share, candidates, levels, out_row
         else:
             others[no] = t
             no += 1
-    heads[nb:nb + nn] = heads[nq - nn:]
-    marks[nb:nb + nn] = marks[nq - nn:]
+    for i in range(nn):  # a loop, not a slice assignment: that compiles numba's shape errors (seconds)
+        heads[nb + i], marks[nb + i] = heads[nq - nn + i], marks[nq - nn + i]
     heads, marks = heads[:nb + nn], marks[:nb + nn]
     cursor = np.empty(no, dtype=np.int64)
     ends = np.empty(no, dtype=np.int64)

@@ -30,10 +30,12 @@ from gmmlsh.core.select import GROUP, choose, select
 _AHEAD = 8
 _LINE_WORDS = CACHE_LINE // 8  # uint64 words per cache line
 _LINE_VALUES = CACHE_LINE // 4  # float32 values per cache line
+# Constants a kernel passes to another are numpy integers: a Python int would be typed as its
+# literal value, and the callee compiled once more for it.
 #: Highest first-stage score (bits in a first-stage row).
-_FIRST_TOP = FIRST_WORDS * WORD
+_FIRST_TOP = np.int64(FIRST_WORDS * WORD)
 #: Levels a coarse GMM is cut to for choosing the rows scored exactly (a counting selection).
-_GMM_LEVELS = 4095
+_GMM_LEVELS = np.int64(4095)
 
 
 @njit(nogil=True, cache=True, fastmath=_FAST)
@@ -246,7 +248,8 @@ def search(q, rows, lists, budget, out_rows, out_sims):
     best = select(found, ranked, short.shape[0], budget.candidates, budget.words * WORD)
     nb = best.shape[0]
     if budget.refine == 0:
-        out_rows[:nb] = best
+        for t in range(nb):  # a loop, not a slice assignment: that compiles numba's shape errors (seconds)
+            out_rows[t] = best[t]
         out_sims[:nb] = 0.0
         return nb, scanned, nb
     if budget.refine < nb:
@@ -274,6 +277,26 @@ def exact_scan(qbuf, qn, exclude, rows, lo, hi, out):
 BOUND_WIDTH = 16
 
 
+@njit(nogil=True, cache=True, inline="always", fastmath=_FAST)
+def _nonnegative(vals):
+    """Whether no value is negative: a vectorised minimum (``np.min`` compiled its own machinery
+    for every array type it met: seconds of a first start)."""
+    low = 0.0
+    for i in range(vals.shape[0]):
+        low = min(low, np.float64(vals[i]))
+    return low >= 0.0
+
+
+@njit(nogil=True, cache=True)
+def _rows_nonnegative(Q):
+    """Whether no row of ``Q`` has a negative value (a function of its own: its answer is a
+    ``bool``, where a flag set to a constant in the caller would reach a kernel as a literal)."""
+    for j in range(Q.shape[0]):
+        if not _nonnegative(Q[j]):
+            return False
+    return True
+
+
 @njit(nogil=True, cache=True, fastmath=_FAST)
 def _block_sums(vals, sums):
     """``sums[b]``: the positive values of coordinates ``[b·W, (b+1)·W)`` summed, ``sums[B + b]``
@@ -281,7 +304,7 @@ def _block_sums(vals, sums):
     Returns how many of ``sums`` a bound must read: ``B`` where no value is negative."""
     nb = sums.shape[0] // 2
     whole = vals.shape[0] // BOUND_WIDTH
-    if vals.shape[0] == 0 or np.min(vals) >= 0:
+    if _nonnegative(vals):
         for b in range(whole):  # a fixed width: unrolled, vectorised
             block = vals[b * BOUND_WIDTH:(b + 1) * BOUND_WIDTH]
             total = 0.0
@@ -306,14 +329,15 @@ def _block_sums(vals, sums):
     return 2 * nb
 
 
-@njit(nogil=True, cache=True)
-def bound_sums(Q):
+def bound_sums(Q: np.ndarray) -> np.ndarray:
     """The block sums (:func:`_block_sums`) of each dense row of ``Q``, ``(m, 2·⌈dim / W⌉)``: what
-    :func:`exact_block` bounds a query's GMM with."""
-    out = np.empty((Q.shape[0], 2 * ((Q.shape[1] + BOUND_WIDTH - 1) // BOUND_WIDTH)))
-    for j in range(Q.shape[0]):
-        _block_sums(Q[j], out[j])
-    return out
+    :func:`exact_block` bounds a query's GMM with (in numpy: once a batch)."""
+    m, d = Q.shape
+    nb = -(-d // BOUND_WIDTH)
+    blocks = np.zeros((m, nb * BOUND_WIDTH))
+    blocks[:, :d] = Q
+    blocks = blocks.reshape(m, nb, BOUND_WIDTH)
+    return np.concatenate([np.maximum(blocks, 0.0).sum(axis=2), np.maximum(-blocks, 0.0).sum(axis=2)], axis=1)
 
 
 @njit(nogil=True, cache=True, fastmath=_FAST)
@@ -342,7 +366,7 @@ def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s, todo):
     m = s.shape[0]
     if vi[off + 1] == 0:
         vals = vf[off + 2:off + 2 + count]
-        if nonneg and np.min(vals) >= 0:
+        if nonneg and _nonnegative(vals):
             for j in range(m):
                 if todo[j]:
                     q = Q[j]
@@ -362,7 +386,7 @@ def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s, todo):
         s[:] = 0.0
         idx = vi[off + 2:off + 2 + count].view(np.uint32)
         vals = vf[off + 2 + count:off + 2 + 2 * count]
-        if nonneg and (count == 0 or np.min(vals) >= 0):
+        if nonneg and _nonnegative(vals):
             for p in range(count):
                 v = np.float64(vals[p])
                 qrow = QT[idx[p]]
@@ -391,8 +415,10 @@ def exact_block(Q, QT, qn, exclude, rows, lo, hi, out, qsums, floor):
     it is not scored (:data:`PRUNED`). Exact search sets the floor a little under the ``k``-th
     best similarity found so far: the answer is the same, at a fraction of the work."""
     m = qn.shape[0]
-    nonneg = Q.shape[0] == 0 or np.min(Q) >= 0
-    prunes = m > 0 and np.max(floor) > 0
+    nonneg = _rows_nonnegative(Q)
+    prunes = False
+    for j in range(m):
+        prunes = prunes or floor[j] > 0
     s = np.empty(m)
     todo = np.ones(m, np.bool_)
     sums = np.empty(qsums.shape[1])
@@ -449,7 +475,8 @@ def exact_rows(q, rows, which, out_rows, out_sims):
     """Exact GMM of the query against the mirror rows ``which`` (live ones, the excluded one
     left out) into the outputs; returns how many were written."""
     n = 0
-    for r in which:
+    for t in range(which.shape[0]):
+        r = np.int64(which[t])  # uint32 in the arena: as every other caller's row, one compiled row_gmm
         if rows.alive[r] and r != q.exclude:
             out_rows[n] = r
             out_sims[n] = row_gmm(q.dense, q.norm, rows.voff, rows.vi, rows.vf, rows.norms, r)

@@ -83,6 +83,9 @@ def estimated_cut(scores, m, count, top):
     return max(0, cut - 1)
 
 
+#: No cut (every entry gathered): a numpy integer, as a literal 0 would compile
+#: :func:`gather_above` once more.
+_NO_CUT = np.int64(0)
 #: The top bit of each 16-bit lane of a word.
 _LANE_TOPS = np.uint64(0x8000800080008000)
 
@@ -135,25 +138,44 @@ def choose(scores, spans, count, top):
     if found < count and cut > 0 or found < 0:  # the estimate kept too few, or too many: every entry
         refs = np.empty(m + GROUP, dtype=np.int64)
         kept = np.empty(m + GROUP, dtype=np.int64)
-        found = gather_above(scores, spans, 0, refs, kept)
+        found = gather_above(scores, spans, _NO_CUT, refs, kept)
     found = keep_best(refs, kept, found, count, top)[1]
     return refs[:found]
 
 
+#: Answers up to this long are chosen by :func:`_insertion_top`; longer ones by numpy.
+_INSERTION_K = 64
+
+
 @njit(nogil=True, cache=True)
-def _sorted_top(values, k):
-    return np.argsort(-values, kind="mergesort")[:k]
+def _insertion_top(values, k):
+    """Positions of the ``k`` largest ``values``, largest first, ties to the earlier position: each
+    value inserted into a sorted run of at most ``k`` (most fail the first test once it is full).
+    Written out rather than a compiled stable sort, which took seconds to compile."""
+    top = np.empty(k, dtype=np.int64)
+    m = 0
+    for i in range(values.shape[0]):
+        v = values[i]
+        if m == k and v <= values[top[k - 1]]:  # a later equal value stays behind the earlier
+            continue
+        j = m if m < k else k - 1
+        while j > 0 and values[top[j - 1]] < v:
+            top[j] = top[j - 1]
+            j -= 1
+        top[j] = i
+        m = min(m + 1, k)
+    return top[:m]
 
 
 def top_k(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the ``k`` largest ``values`` (float), largest first, ties by position: a
-    compiled stable sort of a short array (an answer's candidates: a fifth of numpy's call
-    overheads), a partition first of a long one."""
+    """Positions of the ``k`` largest ``values`` (float), largest first, ties by position:
+    compiled for an answer's length (a fifth of numpy's call overheads), a partition and a sort
+    of the partition's ``k`` for longer ones."""
     k = min(k, values.shape[0])
     if k == 0:
         return np.zeros(0, np.int64)
-    if values.shape[0] <= 4 * k + 256:
-        return _sorted_top(values, k)
+    if k <= _INSERTION_K:
+        return _insertion_top(values, k)
     kth = -np.partition(-values, k - 1)[k - 1]
     above = np.flatnonzero(values > kth)
     part = np.concatenate([above, np.flatnonzero(values == kth)[:k - above.shape[0]]])

@@ -61,7 +61,7 @@ from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index import segments
-from gmmlsh.index.columns import Blobs, Column, gather, gather_two, populate
+from gmmlsh.index.columns import Blobs, Column, gather, populate
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.records import stored_payloads
 from gmmlsh.index.segments import Arenas, Fit
@@ -156,9 +156,8 @@ class View:
         return [b or None for b in gather(*self.meta, rows)]
 
     def names_and_metadata(self, rows: list[int]) -> tuple[list[str], list[bytes | None]]:
-        """:meth:`names_of` and :meth:`metadata_of` in one pass (an answer needs both)."""
-        names, metas = gather_two(self.names, self.meta, rows)
-        return [b.decode("utf-8") for b in names], [b or None for b in metas]
+        """:meth:`names_of` and :meth:`metadata_of` (an answer needs both)."""
+        return self.names_of(rows), self.metadata_of(rows)
 
     @property
     def tail_start(self) -> int:

@@ -58,8 +58,9 @@ class Prepared:
         return self.q.exclude
 
     def coordinates(self) -> np.ndarray:
-        """The query's nonzero coordinates."""
-        return self.nonzero if self.nonzero is not None else np.flatnonzero(self.q.dense)
+        """The query's nonzero coordinates (int32, as a sparse query's indices: one compiled
+        postings kernel for both)."""
+        return self.nonzero if self.nonzero is not None else np.flatnonzero(self.q.dense).astype(np.int32)
 
     def excluding(self, row: int) -> Prepared:
         return replace(self, q=self.q._replace(exclude=row))
@@ -178,9 +179,10 @@ def run_exact(view: View, p: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
 
     Sparse rows in segments are scored through their postings (rows sharing no coordinate
     with the query score 0 and are left out, unless fewer than ``k`` others remain); dense
-    rows and the tail, row by row.
+    rows and the tail, row by row. Where most values are in dense rows, every row is scored
+    row by row: the postings would spare little.
     """
-    if not view.has_postings:
+    if not _postings_pay(view):
         return _exact_scan(view, p)
     n = view.rows
     scratch = _scratch(n)
@@ -233,8 +235,7 @@ def run_exact_many(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndar
     """
     if not qs:
         return []
-    posted = 2 * sum(s["np"] for s in view.segments)  # words of the vectors column the postings hold
-    if k >= 1 and 2 * posted < int(view.voff[view.rows]):  # most values are in dense rows: no postings pay
+    if k >= 1 and not _postings_pay(view):
         return _exact_block(view, qs, k)
     if k < 1 or len(qs) < 2 * _PROBE_QUERIES:
         return [run_exact(view, q, k) for q in qs]
@@ -248,6 +249,13 @@ def run_exact_many(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndar
     if t2 - t1 <= t1 - t0:
         return by_postings + by_blocks + _exact_block(view, rest, k)
     return by_postings + by_blocks + [_cut(run_exact(view, q, k), k) for q in rest]
+
+
+def _postings_pay(view: View) -> bool:
+    """Whether exact search may go through the postings: the mirror has them, and they hold most
+    of its values (words of the vectors column in sparse rows of segments)."""
+    posted = 2 * sum(s["np"] for s in view.segments)
+    return view.has_postings and 2 * posted >= int(view.voff[view.rows])
 
 
 def _cut(found: tuple[np.ndarray, np.ndarray, int], k: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -58,19 +58,31 @@ def test_spread_answers_as_one_thread_and_never_nests():
         assert all(t.startswith("gmmlsh-core") for t in threads)
 
 
-def test_no_kernel_starts_a_numba_parallel_region(tmp_path):
+def test_no_kernel_starts_a_numba_parallel_region_or_compiles_for_a_literal(tmp_path):
     """Hashing, exact GMM, an index's build, lists, tuning and queries of every mode, on a process
-    allowed two threads: numba's own thread pool is never started (its default layer aborts a
-    process when two threads enter parallel regions at once)."""
+    allowed two threads and a cache of its own (so every kernel is compiled, callees too): numba's
+    own thread pool is never started (its default layer aborts a process when two threads enter
+    parallel regions at once), and no kernel was compiled for a constant's literal value (a
+    kernel passing a Python int constant to another compiles the callee once more for it:
+    seconds of a first start, docs/tuning.md)."""
     code = textwrap.dedent("""
-        import numpy as np, scipy.sparse as sp, tempfile, os
+        import sys
         import numba.np.ufunc.parallel as pool
+        from numba.core.registry import CPUDispatcher
         from gmmlsh.index.compile import compile_kernels
         compile_kernels()
+        kernels = {id(v): v for m in list(sys.modules.values()) if m.__name__.startswith("gmmlsh.")
+                   for v in vars(m).values() if isinstance(v, CPUDispatcher)}
+        for v in kernels.values():
+            for sig in v.signatures:
+                if "Literal" in str(sig):
+                    print("literal:", v.py_func.__qualname__, sig)
         print("pool started" if pool._is_initialized else "pool idle")
     """)
-    env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=1200)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "pool idle"
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "pool idle"
+    assert [line for line in lines if line.startswith("literal:")] == []

@@ -486,7 +486,8 @@ def test_sparse_query_buffer_equals_merge_join():
 
 def test_top_k_is_a_stable_descending_sort_short_or_long():
     rng = np.random.default_rng(16)
-    for n, k in ((0, 5), (7, 10), (50, 10), (5000, 10), (5000, 0)):
+    for n, k in ((0, 5), (7, 10), (50, 10), (5000, 10), (5000, 0), (300, 64), (300, 65), (5000, 1000)):
         v = rng.integers(0, 20, n).astype(np.float64)  # many ties
-        want = np.lexsort((np.arange(n), -v))[:k]
-        np.testing.assert_array_equal(top_k(v, k), want)
+        for values in (v, np.sort(v), np.sort(v)[::-1].copy()):  # and every insertion at the front, or none
+            want = np.lexsort((np.arange(n), -values))[:k]
+            np.testing.assert_array_equal(top_k(values, k), want)
