@@ -312,8 +312,8 @@ def _gather(offs, data, rows):
     return out, ends
 
 
-def _split(raw: bytes, ends: list[int], start: int = 0) -> list[bytes]:
-    parts, at = [], start
+def _split(raw: bytes, ends: list[int]) -> list[bytes]:
+    parts, at = [], 0
     for end in ends:
         parts.append(raw[at:end])
         at = end
