@@ -20,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
-from bench.common import DATA, build_index, emit, free_port
+from bench.common import DATA, build_index, emit, free_port, wait_healthy
 
 
 def serve_until_healthy(index: Path, env: dict) -> float:
@@ -33,15 +31,8 @@ def serve_until_healthy(index: Path, env: dict) -> float:
                              "--host", "127.0.0.1", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - t
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise RuntimeError(f"gmmlsh serve exited with {proc.returncode}")
-            time.sleep(0.05)
+        wait_healthy(proc, f"http://127.0.0.1:{port}")
+        return time.perf_counter() - t
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -113,7 +113,6 @@ def serve(index_dir: Path | str, workers: int = 1, env: dict | None = None, *, p
     mapped the mirror in; returns (process, base URL). ``index_dir``: an LMDB directory or a
     Redis URL (with ``prefix``, ``cache_dir``); ``env``: extra environment (e.g. GMMLSH_DIM);
     ``log``: where the server's standard error goes (e.g. ``subprocess.PIPE``; default: nowhere)."""
-    import httpx
 
     port = free_port()
     env = {**os.environ, "GMMLSH_ACCESS_LOG": "false", "GMMLSH_LOG_LEVEL": "warning", **(env or {})}
@@ -123,17 +122,27 @@ def serve(index_dir: Path | str, workers: int = 1, env: dict | None = None, *, p
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if log is None else log,
                             text=log is not None)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(1200):
+    wait_healthy(proc, url)
+    time.sleep(2.0)  # every worker brings its mirror up to date and maps it in, in the background
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, seconds: float = 600.0) -> None:
+    """Until the server at ``url`` answers ``GET /health`` with 200 (polled every 50 ms); raises if
+    its process exits first or ``seconds`` pass."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
+                return
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
             raise RuntimeError(f"gmmlsh serve exited with {proc.returncode}")
-        time.sleep(0.1)
-    time.sleep(2.0)  # every worker brings its mirror up to date and maps it in, in the background
-    return proc, url
+        time.sleep(0.05)
+    raise RuntimeError(f"gmmlsh serve at {url} not healthy after {seconds:.0f} s")
 
 
 def data_main(doc: str, make: Callable[[int], object], truth: Callable[[int, int], object], path: Callable[[int], Path],

@@ -330,8 +330,9 @@ def _block_sums(vals, sums):
 
 
 def bound_sums(Q: np.ndarray) -> np.ndarray:
-    """The block sums (:func:`_block_sums`) of each dense row of ``Q``, ``(m, 2·⌈dim / W⌉)``: what
-    :func:`exact_block` bounds a query's GMM with (in numpy: once a batch)."""
+    """The block sums of each dense row of ``Q``, ``(m, 2·⌈dim / W⌉)``, as :func:`_block_sums` gives
+    a stored row's (a test holds them equal): what :func:`exact_block` bounds a query's GMM with.
+    In numpy, once a batch: the kernel would be compiled once more, for float64 queries."""
     m, d = Q.shape
     nb = -(-d // BOUND_WIDTH)
     blocks = np.zeros((m, nb * BOUND_WIDTH))

@@ -155,10 +155,6 @@ class View:
     def metadata_of(self, rows: list[int]) -> list[bytes | None]:
         return [b or None for b in gather(*self.meta, rows)]
 
-    def names_and_metadata(self, rows: list[int]) -> tuple[list[str], list[bytes | None]]:
-        """:meth:`names_of` and :meth:`metadata_of` (an answer needs both)."""
-        return self.names_of(rows), self.metadata_of(rows)
-
     @property
     def tail_start(self) -> int:
         """The first row no segment holds."""

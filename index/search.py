@@ -357,9 +357,8 @@ def answer(view: View, mode: str, k: int, rows: np.ndarray, sims: np.ndarray, sc
         rows, sims = rows[keep], sims[keep]
     best = top_k(sims, k)
     chosen = rows[best].tolist()
-    names, metas = view.names_and_metadata(chosen)
     out = [Neighbor(name, s, orjson.loads(m) if m else None)
-           for name, s, m in zip(names, sims[best].tolist(), metas, strict=True)]
+           for name, s, m in zip(view.names_of(chosen), sims[best].tolist(), view.metadata_of(chosen), strict=True)]
     return QueryResult(mode=mode, k=k, candidates=scored, neighbors=tuple(out))
 
 

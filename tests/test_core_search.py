@@ -25,7 +25,7 @@ from gmmlsh.core.ivf import (
     profile_scores,
     profiles,
 )
-from gmmlsh.core.search import PRUNED, bound_sums, exact_block, exact_scan, row_gmm, search, shortlist_of
+from gmmlsh.core.search import PRUNED, _block_sums, bound_sums, exact_block, exact_scan, row_gmm, search, shortlist_of
 from gmmlsh.core.select import select, top_k
 
 Z = 4.0  # standard errors
@@ -206,6 +206,10 @@ def test_exact_block_leaves_out_only_rows_a_floor_rules_out(fmnist, signed):
     rows = _rows(X.astype(np.float32))  # odd rows stored sparse (never left out), even rows dense
     qn, exclude, QT, qsums = np.abs(Q).sum(axis=1), np.array([-1, 4, -1, -1, -1, -1]), np.ascontiguousarray(Q.T), \
         bound_sums(Q)
+    for j in range(6):  # the queries' sums (numpy) are the rows' (the kernel's): one definition
+        sums = np.empty(qsums.shape[1])
+        _block_sums(Q[j], sums)
+        np.testing.assert_allclose(qsums[j], sums, rtol=1e-12)
     full, out = np.empty((6, 2000)), np.empty((6, 2000))
     exact_block(Q, QT, qn, exclude, rows, 0, 2000, full, qsums, np.zeros(6))
     assert full[1, 4] == -1 and (full[np.arange(6) != 1] >= 0).all()
