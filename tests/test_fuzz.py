@@ -200,7 +200,9 @@ _vectors = st.lists(st.one_of(st.just(0.0), st.floats(-1e3, 1e3, allow_subnormal
 
 @pytest.fixture(scope="module")
 def local_index(tmp_path_factory) -> Iterator[Index]:
-    ix = Index.open(str(tmp_path_factory.mktemp("eq") / "idx"), IndexConfig(dim=DIM * 3, samples=64))
+    # No background upkeep: each example's two queries meet one state of the index (a fit
+    # published between them would change the exact path, which rounds the last bit differently).
+    ix = Index.open(str(tmp_path_factory.mktemp("eq") / "idx"), IndexConfig(dim=DIM * 3, samples=64), maintain=False)
     yield ix
     ix.close()
 
@@ -227,6 +229,7 @@ def test_index_dense_and_sparse_are_one_vector(local_index, values):
     ix.upsert([d], x[None, :])
     ix.upsert([s], sp.csr_matrix(x[None, :]))  # CSR input into a dense index
     ix.upsert([d2, s2], sp.csr_matrix(np.stack([x, x])).toarray())
+    ix.maintain()  # the upkeep due, here: lists and postings once the rows pass their minimum
     for a, b in ((d, s), (d, d2), (s, s2)):
         rec = ix.store.read(ix.store.lookup([a, b]), ["vector", "sketch"])
         (na, _, ia, va), (nb, _, ib, vb) = (decode_vector(v) for v in rec["vector"])
@@ -237,7 +240,10 @@ def test_index_dense_and_sparse_are_one_vector(local_index, values):
     for mode in ("auto", "exact"):
         r1, r2 = ix.query(x, k=5, mode=mode), ix.query(q_sparse, k=5, mode=mode)
         assert [(n.id, n.similarity) for n in r1.neighbors] == [(n.id, n.similarity) for n in r2.neighbors]
-        assert r1.neighbors and r1.neighbors[0].similarity == pytest.approx(1.0, abs=1e-12)
+    # The vector's own copies lead exact search. (Not asserted of the sketch search: the examples
+    # Hypothesis shrinks towards fill the index with near-copies, which can outnumber the
+    # candidates while agreeing on every sample; which of them the shortlist keeps is not defined.)
+    assert r1.neighbors and r1.neighbors[0].similarity == pytest.approx(1.0, abs=1e-12)
 
 
 def test_lsh_after_replacements_finds_live_vectors(tmp_path):
