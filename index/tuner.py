@@ -14,7 +14,10 @@ the data: the truth comes from the cheapest exact path for the data
 (:func:`gmmlsh.index.search.run_exact_many`); settings are explored on at most
 :data:`EXPLORE_QUERIES` of the sample, unscored, and at most :data:`MAX_TRIALS` of them; a
 family of settings whose fastest member is slower than the best found so far is not
-explored; only the few fastest finalists are checked, scored, on the whole sample.
+explored (where the ladder reaches nothing, the sketch search is first widened, while it
+costs less than the cheapest postings search, and one that reaches the target sets that bar:
+on image-like sparse rows every postings search is slower, and exploring them took most of a
+build's time); only the few fastest finalists are checked, scored, on the whole sample.
 
 **No cliff.** Where nothing on the ladder reaches the target, the search is widened (more
 lists, longer shortlists, more candidates) until it does; exact search answers instead only
@@ -80,6 +83,9 @@ _CANDIDATES = (50, 75, 100, 150, 200, 300, 400, 600, 800)
 #: The postings search's candidates: more rows share a rare coordinate as the index grows
 #: (docs/tuning.md, "The postings search").
 _POSTINGS_CANDIDATES = _CANDIDATES + (1200, 1600, 2400, 3200, 4000)
+#: The cheapest postings search: where even it is slower than a sketch search reaching the
+#: target, no postings search is explored.
+_CHEAPEST_POSTINGS = SearchParams(rare=_RARE_SHARES[0], candidates=_POSTINGS_CANDIDATES[0])
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
 _WIDE = (3000, 400)
 #: Past the ladder: the widest shortlist and candidates a widened search grows to.
@@ -292,7 +298,7 @@ def _postings_settings(trials: _Trials, rival: float) -> list[tuple[float, Searc
     the cheapest of them is slower than ``rival`` (seconds a query of the best setting found)."""
     if not trials.view.postings_search:
         return []
-    if trials.seconds(SearchParams(rare=_RARE_SHARES[0], candidates=_POSTINGS_CANDIDATES[0])) > rival:
+    if trials.seconds(_CHEAPEST_POSTINGS) > rival:
         return []
     found = []
     for rare in _RARE_SHARES:
@@ -310,24 +316,24 @@ def _postings_settings(trials: _Trials, rival: float) -> list[tuple[float, Searc
     return found
 
 
-def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParams) -> tuple[SearchParams, float]:
+def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParams,
+             cap: float = float("inf")) -> tuple[SearchParams, float]:
     """Past what the exploration found: from ``start`` (the cheapest sketch search it found
     reaching the target, which then missed on the whole sample, or the ladder's widest), more
     lists a rung at a time up to every list, then shortlist and candidates doubled in turn up to
     :data:`_WIDEST`, until the whole sample's recall (scored) reaches the target; the widest
     tried and its recall otherwise. A step at a time: every list can cost ten times what a few
-    more lists do (docs/tuning.md, "The tuner's ladder")."""
-    rungs = [p for p in _probe_ladder(trials.view.list_count) if (start.probes and p > start.probes) or p == 0]
+    more lists do (docs/tuning.md, "The tuner's ladder"). A step slower than ``cap`` seconds a
+    query is not taken (another search, already known, answers faster)."""
+    rungs = [replace(start, probes=p) for p in _probe_ladder(trials.view.list_count)
+             if (start.probes and p > start.probes) or p == 0]
     params, r = start, 0.0
-    for probes in rungs:
-        params = replace(start, probes=probes)
-        r = _recall(trials.view, qs, true, params, trials.config, scored=True)
-        if r >= trials.target:
-            return params, r
-    while (params.shortlist, params.candidates) != _WIDEST:
-        params = replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist),
-                         candidates=min(_WIDEST[1], 2 * params.candidates))
-        r = _recall(trials.view, qs, true, params, trials.config, scored=True)
+    while rungs or (params.shortlist, params.candidates) != _WIDEST:
+        step = rungs.pop(0) if rungs else replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist),
+                                                   candidates=min(_WIDEST[1], 2 * params.candidates))
+        if cap < float("inf") and trials.seconds(step) > cap:
+            break
+        params, r = step, _recall(trials.view, qs, true, step, trials.config, scored=True)
         if r >= trials.target:
             break
     return params, r
@@ -359,17 +365,21 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     trials = _Trials(view, qs[::step][:EXPLORE_QUERIES], true[::step][:EXPLORE_QUERIES], config, target, hash_s)
     rank_choices = sorted({min(b, RANK_BITS_MAX, config.bits) for b in (2, RANK_BITS_MAX)}, reverse=True)
     reached = _sketch_settings(trials, view.list_count, rank_choices)
+    ladder_widest = SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0], candidates=_WIDE[1])
+    if not reached:  # nothing on the ladder: widened while it costs less than every postings search could
+        cap = trials.seconds(_CHEAPEST_POSTINGS) if view.postings_search else float("inf")
+        params, r = _widened(trials, qs, true, ladder_widest, cap)
+        if r >= target:
+            reached.append((trials.seconds(params), params, r))
     rival = min((s for s, _, _ in reached), default=float("inf"))
     reached += _postings_settings(trials, rival)
     finalists = _finalists(view, qs, true, config, target, reached)
     if not finalists and rival < float("inf"):  # the sketch searches that seemed to reach it did not
         finalists = _finalists(view, qs, true, config, target, _postings_settings(trials, float("inf")))
     missed = not finalists
-    if missed:  # nothing on the ladder reaches it on the whole sample: widen the search until it does
+    if missed:  # nothing reaches it on the whole sample: widen the search until it does
         sketches = sorted((x for x in reached if x[1].rare == 0), key=lambda x: x[0])
-        start = sketches[0][1] if sketches else SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0],
-                                                             candidates=_WIDE[1])
-        finalists = [_widened(trials, qs, true, start)]
+        finalists = [_widened(trials, qs, true, sketches[0][1] if sketches else ladder_widest)]
     # the finalists timed again, best of three passes: one noisy pass must not decide
     best = min(((trials.seconds(p, rounds=3, qs=qs[:TIMING_QUERIES]), p, r) for p, r in finalists),
                key=lambda x: x[0])
