@@ -307,7 +307,10 @@ def _prepare(X, center, check: bool = True):
 #: Bytes of constants the direct path keeps per process for the coordinates it met first
 #: (where the full table does not fit: text). Zipfian data meet their common coordinates in every
 #: batch; computing their constants again per batch capped one thread at ~400 text rows a second.
-COORD_CACHE_BYTES = 128 << 20
+#: Memory is taken only as coordinates are met (8 KB each at 512 samples): the Brown passages'
+#: whole vocabulary (~47,000 words, ~385 MB) fits, where 128 MB left a third of a text build's
+#: time to recomputing the rarer words' constants (docs/tuning.md, "GCWS hashing").
+COORD_CACHE_BYTES = 512 << 20
 
 
 class _CoordCache:
@@ -324,23 +327,29 @@ class _CoordCache:
         self.used = 0
         self.lock = threading.Lock()
 
-    def table(self, coords: np.ndarray) -> np.ndarray:
-        """Constants of these (sorted, unique) coordinates, one row each."""
+    def table(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(table, where)``: the constants of these (sorted, unique) coordinates are rows
+        ``where`` of ``table``. The cache itself is the table (no copy) once every coordinate has
+        its slot; past :data:`COORD_CACHE_BYTES`, a table of this batch's coordinates."""
+        slots = self.slot[coords]
+        if (slots >= 0).all():
+            return frozen(self.rows), slots  # read-only, as the full table: one compiled sampler for both
+        miss = coords[slots < 0]
+        fresh = _compute_constants(miss, self.k, self.seed)
+        with self.lock:
+            keep = np.flatnonzero(self.slot[miss] < 0)[:self.rows.shape[0] - self.used]
+            at = self.used + np.arange(keep.shape[0])
+            self.rows[at] = fresh[keep]  # the rows first, then the slots that name them
+            self.slot[miss[keep]] = at
+            self.used += keep.shape[0]
         slots = self.slot[coords]
         hit = slots >= 0
+        if hit.all():
+            return frozen(self.rows), slots
         out = np.empty((coords.shape[0], *self.rows.shape[1:]), dtype=np.float32)
         out[hit] = self.rows[slots[hit]]
-        if not hit.all():
-            miss = coords[~hit]
-            fresh = _compute_constants(miss, self.k, self.seed)
-            out[~hit] = fresh
-            with self.lock:
-                keep = np.flatnonzero(self.slot[miss] < 0)[:self.rows.shape[0] - self.used]
-                at = self.used + np.arange(keep.shape[0])
-                self.rows[at] = fresh[keep]  # the rows first, then the slots that name them
-                self.slot[miss[keep]] = at
-                self.used += keep.shape[0]
-        return frozen(out)  # read-only, as the full table: one compiled sampler for both
+        out[~hit] = fresh[np.searchsorted(miss, coords[~hit])]
+        return frozen(out), np.arange(coords.shape[0], dtype=np.int64)
 
 
 @functools.lru_cache(maxsize=4)
@@ -355,8 +364,9 @@ def _compute_constants(coords: np.ndarray, k: int, seed: int) -> np.ndarray:
     return out
 
 
-def _direct_table(coords: np.ndarray, dim2: int, k: int, seed: int) -> np.ndarray:
-    """Constants for just these (sorted, unique) coordinates of a ``dim2``-coordinate space."""
+def _direct_table(coords: np.ndarray, dim2: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Constants for just these (sorted, unique) coordinates of a ``dim2``-coordinate space:
+    ``(table, where)``, coordinate ``coords[i]``'s constants in row ``where[i]``."""
     with _TABLES_LOCK:
         cache = _coord_cache(dim2, k, int(seed))
     return cache.table(coords)
@@ -400,9 +410,9 @@ def sketch(
         else:
             walk = NO_WALK
             used = _dense_coords(data)
-            table = _direct_table(used, 2 * dim, k, seed)
+            table, where = _direct_table(used, 2 * dim, k, seed)
             rowmap = np.zeros(2 * dim, dtype=np.int64)
-            rowmap[used] = np.arange(used.shape[0])
+            rowmap[used] = where
         spread(lambda lo, hi: _sample_dense(data[lo:hi], rowmap, table, *walk, k, out_i[lo:hi],
                                             out_t[lo:hi] if return_t else out_t, return_t), n, data.size * k // 2)
     else:
@@ -410,8 +420,9 @@ def sketch(
         if path == "table":
             table, rows = _full_tables(2 * dim, k, int(seed), False)[0], coords
         else:
-            uniq, rows = np.unique(coords, return_inverse=True)
-            table, rows = _direct_table(uniq, 2 * dim, k, seed), rows.astype(np.int64).reshape(-1)
+            uniq, inverse = np.unique(coords, return_inverse=True)
+            table, where = _direct_table(uniq, 2 * dim, k, seed)
+            rows = where[inverse.reshape(-1)]
         spread(lambda lo, hi: _sample_split(indptr[lo:hi + 1], rows, coords, logs, table, k, out_i[lo:hi],
                                             out_t[lo:hi] if return_t else out_t, return_t), n, coords.shape[0] * k)
     if one:

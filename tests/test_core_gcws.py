@@ -38,7 +38,7 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gmmlsh.core import parallel
+from gmmlsh.core import gcws, parallel
 from gmmlsh.core.codes import (
     bbit_codes,
     bbit_collision_probability,
@@ -409,6 +409,24 @@ def test_single_vs_batch_and_table_vs_direct(mixed_rows: np.ndarray) -> None:
                 np.testing.assert_array_equal(i1, I[r])
                 np.testing.assert_array_equal(t1, T[r])
     np.testing.assert_array_equal(sketch(X, 64, seed=3, path="auto"), sketch(X, 64, seed=3, path="direct"))
+
+
+def test_direct_path_past_its_coordinate_cache(mixed_rows: np.ndarray, monkeypatch) -> None:
+    """The direct path's cache of constants holds 40 coordinates here: batches meeting more
+    (some cached, some not, some cached by an earlier batch) hash as the full table does."""
+    monkeypatch.setattr(gcws, "COORD_CACHE_BYTES", 40 * gcws._padded(96) * gcws._BYTES_PER_CONSTANT)
+    gcws._coord_cache.cache_clear()
+    try:
+        X = sp.csr_matrix(mixed_rows)
+        I, T = sketch(X, 96, seed=77, return_t=True, path="table")
+        for lo, hi in ((0, 3), (0, 40), (100, 260), (0, 260)):
+            I2, T2 = sketch(X[lo:hi], 96, seed=77, return_t=True, path="direct")
+            np.testing.assert_array_equal(I2, I[lo:hi])
+            np.testing.assert_array_equal(T2, T[lo:hi])
+        np.testing.assert_array_equal(sketch(mixed_rows[5:9], 96, seed=77, path="direct"), I[5:9])
+        assert gcws._coord_cache(2 * X.shape[1], 96, 77).used == 40
+    finally:
+        gcws._coord_cache.cache_clear()
 
 
 def test_sample_j_depends_only_on_seed_i_j(mixed_rows: np.ndarray) -> None:
