@@ -38,7 +38,8 @@ class Rows(NamedTuple):
     """Row-indexed columns of the mirror, rows ``[0, n)``.
 
     ``voff``/``vi``/``vf``: the vectors as GMM sees them. Row ``r`` starts at word ``voff[r]``
-    of the data (``vi`` and ``vf`` are its int32 and float32 views) with two header words,
+    of the data (``vi`` and ``vf`` are its uint32 and float32 views: indices read as unsigned
+    spare numba's wrap-around checks) with two header words,
     ``count`` and ``kind``: kind 0 is dense (``count`` float32 values follow), kind 1 sparse
     (``count`` int32 indices, then ``count`` float32 values). ``coff``/``cdata``: the coarse rows
     (:mod:`gmmlsh.core.coarse`). ``planes``: the sketches' bit planes; ``first``: their
@@ -51,7 +52,7 @@ class Rows(NamedTuple):
     planes: np.ndarray  # (n, bits · words) uint64
     first: np.ndarray  # (n, FIRST_WORDS) uint64
     voff: np.ndarray  # (n + 1,) int64
-    vi: np.ndarray  # int32 view of the vector data
+    vi: np.ndarray  # uint32 view of the vector data
     vf: np.ndarray  # float32 view of the vector data
     coff: np.ndarray  # (n + 1,) int64
     cdata: np.ndarray  # uint8

@@ -65,7 +65,7 @@ def postings_count(voff, vi, rows, dim):
     starts = np.zeros(dim + 1, dtype=np.int64)
     for r in rows:
         off = voff[r]
-        for t in vi[off + 2:off + 2 + vi[off]].view(np.uint32):
+        for t in vi[off + 2:off + 2 + vi[off]]:
             starts[t + 1] += 1
     for c in range(dim):
         starts[c + 1] += starts[c]
@@ -80,7 +80,7 @@ def postings_fill(voff, vi, vf, rows, starts, out_rows, out_vals):
     for r in rows:
         off = voff[r]
         count = vi[off]
-        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        idx = vi[off + 2:off + 2 + count]
         vals = vf[off + 2 + count:off + 2 + 2 * count]
         for p in range(count):
             t = idx[p]

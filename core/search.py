@@ -55,7 +55,7 @@ def row_gmm(qbuf, qn, voff, vi, vf, norms, r):
         for i in range(count):
             s += _same_sign_min(qbuf[i], np.float64(vals[i]))
     else:
-        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        idx = vi[off + 2:off + 2 + count]
         vals = vf[off + 2 + count:off + 2 + 2 * count]
         for p in range(count):
             s += _same_sign_min(qbuf[idx[p]], np.float64(vals[p]))
@@ -385,7 +385,7 @@ def _row_against_all(Q, QT, nonneg, voff, vi, vf, r, s, todo):
                     s[j] = total
     else:
         s[:] = 0.0
-        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        idx = vi[off + 2:off + 2 + count]
         vals = vf[off + 2 + count:off + 2 + 2 * count]
         if nonneg and _nonnegative(vals):
             for p in range(count):
@@ -462,7 +462,7 @@ def row_cosine(qbuf, q_l2, voff, vi, vf, r):
             dot += qbuf[i] * x
             sq += x * x
     else:
-        idx = vi[off + 2:off + 2 + count].view(np.uint32)
+        idx = vi[off + 2:off + 2 + count]
         vals = vf[off + 2 + count:off + 2 + 2 * count]
         for p in range(count):
             x = np.float64(vals[p])

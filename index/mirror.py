@@ -362,7 +362,7 @@ class Mirror:
         coff, cdata = self._coarse.views(n)
         alive, norms, planes, first = (self._alive.rows(n), self._norms.rows(n), self._planes.rows(n),
                                        self._first.rows(n))
-        vi, vf = vdata.view(np.int32), vdata.view(np.float32)
+        vi, vf = vdata.view(np.uint32), vdata.view(np.float32)
         row_bundle = Rows(frozen(alive), frozen(norms), frozen(self._norms32.rows(n)), frozen(planes), frozen(first),
                           frozen(voff), frozen(vi), frozen(vf), frozen(coff), frozen(cdata), self.config.dim)
         self._state_stamp = stamp
@@ -483,7 +483,7 @@ class Mirror:
     def _append_coarse(self, lo: int, hi: int) -> None:
         """The coarse rows of mirror rows ``[lo, hi)``, from their vectors just written."""
         voff, vdata = self._vectors.views(hi)
-        vi = vdata.view(np.int32)
+        vi = vdata.view(np.uint32)
         sizes = coarse_sizes(voff, vi, lo, hi)
         data = np.empty(int(sizes.sum()), np.uint8)
         coarse_encode(voff, vi, vdata.view(np.float32), self._norms.rows(hi), lo, hi, data)

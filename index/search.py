@@ -179,9 +179,10 @@ def run_exact(view: View, p: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
 
     Sparse rows in segments are scored through their postings (rows sharing no coordinate
     with the query score 0 and are left out, unless fewer than ``k`` others remain); dense
-    rows and the tail, row by row.
+    rows and the tail, row by row. Where most values are in dense rows, every row is scored
+    row by row: the postings would spare little.
     """
-    if not view.has_postings:
+    if not _postings_pay(view):
         return _exact_scan(view, p)
     n = view.rows
     scratch = _scratch(n)
@@ -251,8 +252,8 @@ def run_exact_many(view: View, qs: list[Prepared], k: int) -> list[tuple[np.ndar
 
 
 def _postings_pay(view: View) -> bool:
-    """Whether exact search in batches may go through the postings: the mirror has them, and they
-    hold most of its values (words of the vectors column in sparse rows of segments)."""
+    """Whether exact search may go through the postings: the mirror has them, and they hold most
+    of its values (words of the vectors column in sparse rows of segments)."""
     posted = 2 * sum(s["np"] for s in view.segments)
     return view.has_postings and 2 * posted >= int(view.voff[view.rows])
 

@@ -147,7 +147,7 @@ def _mirror_rows(X32):
         offs.append(offs[-1] + w.shape[0])
         norms.append(np.abs(row.astype(np.float64)).sum())
     data = np.concatenate(words)
-    voff, vi, vf, norms = np.array(offs, np.int64), data.view(np.int32), data.view(np.float32), np.array(norms)
+    voff, vi, vf, norms = np.array(offs, np.int64), data.view(np.uint32), data.view(np.float32), np.array(norms)
     sizes = coarse_sizes(voff, vi, 0, X32.shape[0])
     cdata = np.empty(int(sizes.sum()), np.uint8)
     coarse_encode(voff, vi, vf, norms, 0, X32.shape[0], cdata)
@@ -371,7 +371,7 @@ def test_the_first_stage_keeps_the_best_of_the_probed_lists_and_the_tail(shortli
     first = first_rows(planes, words, 2)
     lists = _lists(first, planes, cuts, 9, words, 2, 1500)
     rows = Rows(*[frozen(np.zeros(1, t)) for t in (np.uint8, np.float64, np.float32)], frozen(planes), frozen(first),
-                *[frozen(np.zeros(1, t)) for t in (np.int64, np.int32, np.float32, np.int64, np.uint8)], 1)
+                *[frozen(np.zeros(1, t)) for t in (np.int64, np.uint32, np.float32, np.int64, np.uint8)], 1)
     for probes in (2, 5, 9):
         q = planes[rng.integers(0, 1500)]
         qf = first_rows(q[None, :], words, 2)[0]
