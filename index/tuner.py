@@ -88,6 +88,9 @@ _POSTINGS_CANDIDATES = _CANDIDATES + (1200, 1600, 2400, 3200, 4000)
 _CHEAPEST_POSTINGS = SearchParams(rare=_RARE_SHARES[0], candidates=_POSTINGS_CANDIDATES[0])
 #: (shortlist, candidates) of each list count's first trial: wide, but not the widest.
 _WIDE = (3000, 400)
+#: Recall (the exploration's bound) within which fewer lists than all count as all: past it, more
+#: lists add little and a longer shortlist is what a widened search needs.
+SATURATED = 0.01
 #: Past the ladder: the widest shortlist and candidates a widened search grows to.
 _WIDEST = (32000, 4000)
 #: Sample queries searched exactly at a time for their truth (an answer may hold buffers the size
@@ -317,26 +320,41 @@ def _postings_settings(trials: _Trials, rival: float) -> list[tuple[float, Searc
 
 
 def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParams,
-             cap: float = float("inf")) -> tuple[SearchParams, float]:
+             cap: float = float("inf"), climb: bool = True) -> tuple[SearchParams, float]:
     """Past what the exploration found: from ``start`` (the cheapest sketch search it found
     reaching the target, which then missed on the whole sample, or the ladder's widest), more
-    lists a rung at a time up to every list, then shortlist and candidates doubled in turn up to
-    :data:`_WIDEST`, until the whole sample's recall (scored) reaches the target; the widest
-    tried and its recall otherwise. A step at a time: every list can cost ten times what a few
-    more lists do (docs/tuning.md, "The tuner's ladder"). A step slower than ``cap`` seconds a
-    query is not taken (another search, already known, answers faster)."""
+    lists a rung at a time up to every list (``climb``; else ``start``'s lists), then shortlist
+    and candidates doubled in turn up to :data:`_WIDEST`, until the whole sample's recall
+    (scored) reaches the target; the widest tried and its recall otherwise. A step at a time:
+    every list can cost ten times what a few more lists do (docs/tuning.md, "The tuner's
+    ladder"). A step slower than ``cap`` seconds a query is not taken (another search, already
+    known, answers faster)."""
     rungs = [replace(start, probes=p) for p in _probe_ladder(trials.view.list_count)
-             if (start.probes and p > start.probes) or p == 0]
-    params, r = start, 0.0
+             if climb and ((start.probes and p > start.probes) or p == 0)] or [start]
+    params, r, turn = start, 0.0, 0
     while rungs or (params.shortlist, params.candidates) != _WIDEST:
-        step = rungs.pop(0) if rungs else replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist),
-                                                   candidates=min(_WIDEST[1], 2 * params.candidates))
+        if rungs:
+            step = rungs.pop(0)
+        else:  # the shortlist and the candidates doubled in turn (the shortlist first), each up to _WIDEST
+            longer = replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist))
+            more = replace(params, candidates=min(_WIDEST[1], 2 * params.candidates))
+            step = more if longer == params or (turn % 2 and more != params) else longer
+            turn += 1
         if cap < float("inf") and trials.seconds(step) > cap:
             break
         params, r = step, _recall(trials.view, qs, true, step, trials.config, scored=True)
         if r >= trials.target:
             break
     return params, r
+
+
+def _saturated(trials: _Trials, lists: int, rank_bits: int) -> int:
+    """The fewest lists on the ladder whose wide first trial (:data:`_WIDE`) recalled within
+    :data:`SATURATED` of what every list did (0: every list, or not explored): where nothing on
+    the ladder reaches the target there, the shortlist limits, not the lists."""
+    wide = [(p, trials.tried.get((p, *_WIDE, rank_bits, 0.0))) for p in _probe_ladder(lists)]
+    every = wide[-1][1]
+    return next((p for p, r in wide if every is not None and r is not None and r >= every - SATURATED), 0)
 
 
 def tune(view: View, config: IndexConfig, *, target: float | None = None, queries: int | None = None,
@@ -366,9 +384,12 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     rank_choices = sorted({min(b, RANK_BITS_MAX, config.bits) for b in (2, RANK_BITS_MAX)}, reverse=True)
     reached = _sketch_settings(trials, view.list_count, rank_choices)
     ladder_widest = SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0], candidates=_WIDE[1])
-    if not reached:  # nothing on the ladder: widened while it costs less than every postings search could
+    if not reached:  # nothing on the ladder: widened while it costs less than every postings search could,
         cap = trials.seconds(_CHEAPEST_POSTINGS) if view.postings_search else float("inf")
-        params, r = _widened(trials, qs, true, ladder_widest, cap)
+        start = replace(ladder_widest, probes=_saturated(trials, view.list_count, rank_choices[0]))
+        params, r = _widened(trials, qs, true, start, cap, climb=False)  # longer shortlists where more lists add little
+        if r < target and start.probes:
+            params, r = _widened(trials, qs, true, ladder_widest, cap)
         if r >= target:
             reached.append((trials.seconds(params), params, r))
     rival = min((s for s, _, _ in reached), default=float("inf"))
