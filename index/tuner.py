@@ -320,32 +320,29 @@ def _postings_settings(trials: _Trials, rival: float) -> list[tuple[float, Searc
 
 
 def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParams,
-             cap: float = float("inf"), climb: bool = True) -> tuple[SearchParams, float]:
+             cap: float = float("inf"), turn: int = 0) -> tuple[SearchParams, float]:
     """Past what the exploration found: from ``start`` (the cheapest sketch search it found
-    reaching the target, which then missed on the whole sample, or the ladder's widest), more
-    lists a rung at a time up to every list (``climb``; else ``start``'s lists), then shortlist
-    and candidates doubled in turn up to :data:`_WIDEST`, until the whole sample's recall
-    (scored) reaches the target; the widest tried and its recall otherwise. A step at a time:
-    every list can cost ten times what a few more lists do (docs/tuning.md, "The tuner's
-    ladder"). A step slower than ``cap`` seconds a query is not taken (another search, already
-    known, answers faster)."""
-    rungs = [replace(start, probes=p) for p in _probe_ladder(trials.view.list_count)
-             if climb and ((start.probes and p > start.probes) or p == 0)] or [start]
-    params, r, turn = start, 0.0, 0
-    while rungs or (params.shortlist, params.candidates) != _WIDEST:
-        if rungs:
-            step = rungs.pop(0)
-        else:  # the shortlist and the candidates doubled in turn (the shortlist first), each up to _WIDEST
-            longer = replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist))
-            more = replace(params, candidates=min(_WIDEST[1], 2 * params.candidates))
-            step = more if longer == params or (turn % 2 and more != params) else longer
-            turn += 1
-        if cap < float("inf") and trials.seconds(step) > cap:
-            break
-        params, r = step, _recall(trials.view, qs, true, step, trials.config, scored=True)
+    reaching the target, which then missed on the whole sample, or the ladder's wide trial),
+    wider a step at a time, the three ways in turn — the next rung of lists, the shortlist
+    doubled, the candidates doubled (up to every list and :data:`_WIDEST`) — until the whole
+    sample's recall (scored) reaches the target; the widest tried and its recall otherwise.
+    A step at a time, each way in turn: every list can cost ten times what a few more lists do,
+    and where the first stage limits recall, more lists do not help (docs/tuning.md, "The
+    tuner's ladder"). A step slower than ``cap`` seconds a query is not taken (another search,
+    already known, answers faster). ``turn``: the way tried first (1: the shortlist)."""
+    ladder = _probe_ladder(trials.view.list_count)
+    params, r = start, 0.0
+    while True:
+        ways = (replace(params, probes=0 if params.probes == 0 else next((p for p in ladder if p > params.probes), 0)),
+                replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist)),
+                replace(params, candidates=min(_WIDEST[1], 2 * params.candidates)))
+        way = next((w % 3 for w in range(turn, turn + 3) if ways[w % 3] != params), None)
+        if way is None or (cap < float("inf") and trials.seconds(ways[way]) > cap):
+            return params, r
+        turn = way + 1
+        params, r = ways[way], _recall(trials.view, qs, true, ways[way], trials.config, scored=True)
         if r >= trials.target:
-            break
-    return params, r
+            return params, r
 
 
 def _saturated(trials: _Trials, lists: int, rank_bits: int) -> int:
@@ -387,9 +384,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     if not reached:  # nothing on the ladder: widened while it costs less than every postings search could,
         cap = trials.seconds(_CHEAPEST_POSTINGS) if view.postings_search else float("inf")
         start = replace(ladder_widest, probes=_saturated(trials, view.list_count, rank_choices[0]))
-        params, r = _widened(trials, qs, true, start, cap, climb=False)  # longer shortlists where more lists add little
-        if r < target and start.probes:
-            params, r = _widened(trials, qs, true, ladder_widest, cap)
+        params, r = _widened(trials, qs, true, start, cap, turn=1)  # the lists recall what all do: shortlist first
         if r >= target:
             reached.append((trials.seconds(params), params, r))
     rival = min((s for s, _, _ in reached), default=float("inf"))
