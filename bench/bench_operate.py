@@ -343,7 +343,8 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float) -> list[str]:
     b, f, s = res["build"], res["final"], res["store"]
     L = [f"### {a.shape}, {a.n:,} rows, {a.minutes:g} min, {how}", "", f"    {cmd}", "",
          f"- build (`gmmlsh build`, whole command): {b['command_seconds']:.1f} s ({a.n / b['command_seconds']:,.0f} "
-         f"rows/s); search chosen: {b.get('upkeep', {}).get('tuned', {}).get('chosen', '?')}",
+         f"rows/s); search chosen: {(b.get('upkeep', {}).get('tune') or [{}])[-1].get('chosen', '?')} "
+         f"{b.get('search')}",
          f"- load: one query thread, held-out queries round-robin; writer {a.write_rate:,.0f} rows/s in batches of "
          f"{a.batch} ({a.replace_share:.0%} replacements), {a.delete_rate:,.0f} deletes/s",
          "", *operate_report.intervals(run["queries"], run["writer"], run["events"], run["t0"], seconds, a.bucket,
