@@ -381,7 +381,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     rank_choices = sorted({min(b, RANK_BITS_MAX, config.bits) for b in (2, RANK_BITS_MAX)}, reverse=True)
     reached = _sketch_settings(trials, view.list_count, rank_choices)
     ladder_widest = SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0], candidates=_WIDE[1])
-    if not reached:  # nothing on the ladder: widened while it costs less than every postings search could,
+    if not reached:  # nothing on the ladder: widened, each step cheaper than any postings search
         cap = trials.seconds(_CHEAPEST_POSTINGS) if view.postings_search else float("inf")
         start = replace(ladder_widest, probes=_saturated(trials, view.list_count, rank_choices[0]))
         params, r = _widened(trials, qs, true, start, cap, turn=1)  # the lists recall what all do: shortlist first
