@@ -182,15 +182,20 @@ class _Trials:
     config: IndexConfig
     target: float
     hash_s: float
-    tried: dict = field(default_factory=dict)  # (probes, shortlist, candidates, rank_bits or rare) → recall
+    tried: dict = field(default_factory=dict)  # key(params) → recall
     count: int = 0
 
     def recall(self, params: SearchParams) -> float:
-        key = (params.probes, params.shortlist, params.candidates, params.rank_bits, params.rare)
+        key = self.key(params)
         if key not in self.tried:
             self.count += 1
             self.tried[key] = _recall(self.view, self.qs, self.true, params, self.config)
         return self.tried[key]
+
+    @staticmethod
+    def key(params: SearchParams) -> tuple:
+        """What a trial's recall is memoised under."""
+        return params.probes, params.shortlist, params.candidates, params.rank_bits, params.rare
 
     @property
     def spent(self) -> bool:
@@ -349,7 +354,8 @@ def _saturated(trials: _Trials, lists: int, rank_bits: int) -> int:
     """The fewest lists on the ladder whose wide first trial (:data:`_WIDE`) recalled within
     :data:`SATURATED` of what every list did (0: every list, or not explored): where nothing on
     the ladder reaches the target there, the shortlist limits, not the lists."""
-    wide = [(p, trials.tried.get((p, *_WIDE, rank_bits, 0.0))) for p in _probe_ladder(lists)]
+    wide = [(p, trials.tried.get(trials.key(SearchParams(probes=p, shortlist=_WIDE[0], rank_bits=rank_bits,
+                                                         candidates=_WIDE[1])))) for p in _probe_ladder(lists)]
     every = wide[-1][1]
     return next((p for p, r in wide if every is not None and r is not None and r >= every - SATURATED), 0)
 
