@@ -185,7 +185,7 @@ def _coarse_best(q, rows, best, refine):
     """The ``refine`` best of the candidate rows ``best`` by GMM on their coarse copies
     (:mod:`gmmlsh.core.coarse`; a sparse row, which has none, exactly), and how many were
     ranked (live, not excluded)."""
-    coff, cdata, alive = rows.coff, rows.cdata, rows.alive
+    coff, cdata, alive, voff, vf = rows.coff, rows.cdata, rows.alive, rows.voff, rows.vf
     levels, head, counts = cdata.view(np.int8), cdata.view(np.float32), cdata.view(np.int32)
     q32 = q.dense.astype(np.float32)
     nb = best.shape[0]
@@ -193,11 +193,17 @@ def _coarse_best(q, rows, best, refine):
     ranked = 0
     for t in range(nb):
         if t + 2 * _AHEAD < nb:
-            prefetch_flat(coff, best[t + 2 * _AHEAD])
+            far = best[t + 2 * _AHEAD]
+            prefetch_flat(coff, far)
+            prefetch_flat(voff, far)
         if t + _AHEAD < nb:  # its lines: to the next row's start, at most a dense row's
             ahead = best[t + _AHEAD]
-            for b in range(coff[ahead], min(coff[ahead + 1], coff[ahead] + HEADER + rows.dim), CACHE_LINE):
+            lo, hi = coff[ahead], coff[ahead + 1]
+            for b in range(lo, min(hi, lo + HEADER + rows.dim), CACHE_LINE):
                 prefetch_flat(cdata, b)
+            if hi - lo == HEADER:  # a sparse row (no coarse levels): the lines of its indices and values
+                for w in range(voff[ahead], voff[ahead + 1], _LINE_VALUES):
+                    prefetch_flat(vf, w)
         r = best[t]
         if alive[r] and r != q.exclude:
             g = coarse_gmm(q32, q.norm, coff, levels, head, counts, r)
