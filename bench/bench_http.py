@@ -18,9 +18,10 @@ is built with ``gmmlsh build`` (kept in ``--index-dir`` for the next run), and m
 
 *Over the floor* is a row's server CPU per request less the floor's; *HTTP adds* is that
 less the in-process CPU of the same query: what serving costs beyond the query itself.
-``--baseline PYTHON`` also serves each index with another installation's interpreter
-(e.g. a virtual environment of the previous release) for before/after rows in the same run;
-its rows are the routes it has. On a 2-core machine the load generator shares the CPU with
+``--baseline PYTHON`` also serves another installation (e.g. a virtual environment of the
+release an issue was measured on) for before/after rows in the same run: the same data, built
+and tuned the same way by that installation's own code into an index of its own (kept beside
+this one); its rows are the routes it has. On a 2-core machine the load generator shares the CPU with
 the server: compare rows of one run, not runs of different days.
 """
 
@@ -50,18 +51,28 @@ BATCH = 100
 NQ = 1000  # held-out queries (test images), sent in turn
 
 
-def build(n: int, where: Path) -> Path:
-    """``gmmlsh build`` of the first ``n`` rows into ``where/fmnist-n`` (kept: built once), tuned on
-    held-out queries other than the measured ones: a server re-tunes an index tuned on stored
-    vectors once it has served 128 queries, and that must not land inside a row."""
-    index = where / f"fmnist-{n}"
+#: Tunes an index on held-out test images 5,000-5,255 (not the measured queries), run by the
+#: installation that built it: ``python -c TUNE INDEX FASHION_NPZ``.
+TUNE = """import sys, numpy as np
+from gmmlsh.index.index import Index
+tune = np.load(sys.argv[2])["test"][5000:5256].astype(np.float32)
+with Index.open(sys.argv[1], create=False, maintain=False) as ix:
+    ix.maintain(queries=tune)
+"""
+
+
+def build(n: int, where: Path, python: str = sys.executable, name: str = "fmnist") -> Path:
+    """``gmmlsh build`` of the first ``n`` rows into ``where/NAME-n`` (kept: built once) by the
+    installation of ``python`` (a baseline serves an index of its own format), tuned on held-out
+    queries other than the measured ones: a server re-tunes an index tuned on stored vectors
+    once it has served 128 queries, and that must not land inside a row."""
+    index = where / f"{name}-{n}"
     if not (index / "data.mdb").exists():
         scale_data.data(n)
-        subprocess.run([sys.executable, "-m", "gmmlsh.service.cli", "build", str(scale_data.data_path(n)),
-                        "--index", str(index), "--no-progress"], check=True)
-        tune = np.load(scale_data.DATA / "fashion-mnist.npz")["test"][5000:5256].astype(np.float32)
-        with Index.open(index, create=False, maintain=False) as ix:
-            ix.maintain(queries=tune)
+        subprocess.run([python, "-m", "gmmlsh.service.cli", "build", str(scale_data.data_path(n)),
+                        "--index", str(index), "--no-progress"], check=True, cwd=tempfile.gettempdir())
+        subprocess.run([python, "-c", TUNE, str(index), str(scale_data.DATA / "fashion-mnist.npz")], check=True,
+                       cwd=tempfile.gettempdir())
     return index
 
 
@@ -201,10 +212,12 @@ def main(argv=None) -> None:
                       f"{local['batch'][0]:,.0f} queries/s.", "",
                       "| server | row | requests/s | queries/s | p50 ms | p99 ms | server CPU ms/request | "
                       "over the floor | HTTP adds | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
-            servers = [("gmmlsh", sys.executable)] + ([("baseline", a.baseline)] if a.baseline else [])
+            servers = [("gmmlsh", sys.executable, index)]
+            if a.baseline:
+                servers.append(("baseline", a.baseline, build(n, a.index_dir, a.baseline, "baseline-fmnist")))
             for w in workers:
-                for label, python in servers:
-                    proc, port = serve(python, index, w)
+                for label, python, served in servers:
+                    proc, port = serve(python, served, w)
                     try:
                         floor = None
                         for name, (reqs, per) in rows.items():
