@@ -337,6 +337,7 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
     already known, answers faster). ``turn``: the way tried first (1: the shortlist)."""
     ladder = _probe_ladder(trials.view.list_count)
     params, r = start, 0.0
+    missed = {trials.key(start)}
     while True:
         ways = (replace(params, probes=0 if params.probes == 0 else next((p for p in ladder if p > params.probes), 0)),
                 replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist)),
@@ -347,6 +348,34 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
         turn = way + 1
         params, r = ways[way], _recall(trials.view, qs, true, ways[way], trials.config, scored=True)
         if r >= trials.target:
+            return _trimmed(trials, qs, true, start, params, r, missed)
+        missed.add(trials.key(params))
+
+
+def _trimmed(trials: _Trials, qs: list[Prepared], true: list, start: SearchParams, params: SearchParams,
+             r: float, missed: set) -> tuple[SearchParams, float]:
+    """A widened search that reaches the target, narrowed back a step at a time while the whole
+    sample's recall (scored) still reaches it: the lists a rung down, the shortlist halved, the
+    candidates halved, never below ``start`` nor to a setting the widening ``missed`` with.
+    The widening's steps are taken in turn, so a shortlist lengthened early can be made
+    unneeded by lists added later."""
+    every = trials.view.list_count
+    rungs = [p for p in _probe_ladder(every) if p != 0 and p >= (start.probes or every)]
+    tried = missed | {trials.key(params)}
+    while True:
+        fewer = [p for p in rungs if p < (params.probes or every)]
+        backs = (replace(params, probes=fewer[-1] if fewer else params.probes),
+                 replace(params, shortlist=max(start.shortlist, params.shortlist // 2)),
+                 replace(params, candidates=max(start.candidates, params.candidates // 2)))
+        for back in backs:
+            if trials.key(back) in tried:
+                continue
+            tried.add(trials.key(back))
+            rb = _recall(trials.view, qs, true, back, trials.config, scored=True)
+            if rb >= trials.target:
+                params, r = back, rb
+                break
+        else:
             return params, r
 
 

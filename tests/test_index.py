@@ -444,15 +444,16 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
             assert tuner._recall(view, qs, truth, params, ix.config, scored=True) == pytest.approx(bound, abs=1e-12)
 
 
-def test_a_search_that_misses_on_the_whole_sample_is_widened_a_step_at_a_time(monkeypatch):
+def test_a_search_that_misses_on_the_whole_sample_is_widened_a_step_at_a_time_then_trimmed(monkeypatch):
     """Fashion-MNIST at a million: the cheapest settings the exploration found (16–24 lists)
     missed the target on the whole sample, scored, and the search went straight to every list
     (6 ms a query where 32 lists took 0.56). Strokes at a million: the lists were not what
     limited recall, and climbing to every list before lengthening the shortlist chose every
     list (8–32 ms where 96–128 lists and a longer shortlist took 2.3–7). Widening goes a step at
     a time, the three ways in turn — the next rung of lists, the shortlist doubled, the
-    candidates doubled — and keeps the first setting reaching the target (here recall as a step
-    at a known width)."""
+    candidates doubled — to the first setting reaching the target (here recall as a step at a
+    known width); then each way is narrowed back a step while the target holds, so a step the
+    last one made unneeded is undone, and no setting is tried twice."""
     from types import SimpleNamespace
 
     from gmmlsh.index import tuner
@@ -466,17 +467,19 @@ def test_a_search_that_misses_on_the_whole_sample_is_widened_a_step_at_a_time(mo
         return 0.97 if reach(params) else 0.9
 
     monkeypatch.setattr(tuner, "_recall", step)
-    trials = SimpleNamespace(view=SimpleNamespace(list_count=1000), config=None, target=0.96)
+    trials = SimpleNamespace(view=SimpleNamespace(list_count=1000), config=None, target=0.96, key=tuner._Trials.key)
     start = SearchParams(probes=16, shortlist=500, rank_bits=2, candidates=200)
-    reach = lambda p: p.probes >= 32  # noqa: E731 - the lists limit
-    assert tuner._widened(trials, [], [], start) == (SearchParams(probes=32, shortlist=1000, rank_bits=2,
-                                                                  candidates=400), 0.97)
-    assert tried == [(24, 500, 200), (24, 1000, 200), (24, 1000, 400), (32, 1000, 400)]
+    reach = lambda p: p.probes >= 32  # noqa: E731 - the lists limit: the shortlist and candidates undone
+    assert tuner._widened(trials, [], [], start) == (SearchParams(probes=32, shortlist=500, rank_bits=2,
+                                                                  candidates=200), 0.97)
+    assert tried == [(24, 500, 200), (24, 1000, 200), (24, 1000, 400), (32, 1000, 400),  # widened
+                     (32, 500, 400), (24, 500, 400), (32, 500, 200)]  # trimmed: the lists are kept
     tried.clear()
     reach = lambda p: p.shortlist >= 2000  # noqa: E731 - the first stage limits: no climb to every list
     params, r = tuner._widened(trials, [], [], start, turn=1)
-    assert (params.probes, params.shortlist, params.candidates, r) == (24, 2000, 400, 0.97)
-    assert tried == [(16, 1000, 200), (16, 1000, 400), (24, 1000, 400), (24, 2000, 400)]
+    assert (params.probes, params.shortlist, params.candidates, r) == (16, 2000, 200, 0.97)
+    assert tried == [(16, 1000, 200), (16, 1000, 400), (24, 1000, 400), (24, 2000, 400),
+                     (16, 2000, 400), (16, 2000, 200)]
     tried.clear()
     reach = lambda p: False  # noqa: E731
     params, r = tuner._widened(trials, [], [], start)
