@@ -356,16 +356,16 @@ def _trimmed(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
              r: float, missed: set) -> tuple[SearchParams, float]:
     """A widened search that reaches the target, narrowed back a step at a time while the whole
     sample's recall (scored) still reaches it: the lists a rung down, the shortlist halved, the
-    candidates halved, never below ``start`` nor to a setting the widening ``missed`` with.
-    The widening's steps are taken in turn, so a shortlist lengthened early can be made
-    unneeded by lists added later."""
+    candidates halved (the shortlist never below them), never below ``start`` nor to a setting
+    the widening ``missed`` with. The widening's steps are taken in turn, so a shortlist
+    lengthened early can be made unneeded by lists added later."""
     every = trials.view.list_count
     rungs = [p for p in _probe_ladder(every) if p != 0 and p >= (start.probes or every)]
     tried = missed | {trials.key(params)}
     while True:
         fewer = [p for p in rungs if p < (params.probes or every)]
         backs = (replace(params, probes=fewer[-1] if fewer else params.probes),
-                 replace(params, shortlist=max(start.shortlist, params.shortlist // 2)),
+                 replace(params, shortlist=max(start.shortlist, params.candidates, params.shortlist // 2)),
                  replace(params, candidates=max(start.candidates, params.candidates // 2)))
         for back in backs:
             if trials.key(back) in tried:
