@@ -339,7 +339,7 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float) -> list[str]:
     seconds = a.minutes * 60
     how = (f"HTTP, 2-worker `gmmlsh serve`, {a.backend}" if a.http else f"Python API in process, {a.backend}")
     cmd = " ".join(["python -m bench.bench_operate", f"--shape {a.shape}", f"--n {a.n}", f"--minutes {a.minutes:g}",
-                    f"--backend {a.backend}", *(["--http"] if a.http else [])])
+                    f"--backend {a.backend}", *([f"--http --http-delete {a.http_delete}"] if a.http else [])])
     b, f, s = res["build"], res["final"], res["store"]
     L = [f"### {a.shape}, {a.n:,} rows, {a.minutes:g} min, {how}", "", f"    {cmd}", "",
          f"- build (`gmmlsh build`, whole command): {b['command_seconds']:.1f} s ({a.n / b['command_seconds']:,.0f} "
