@@ -330,7 +330,8 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
     reaching the target, which then missed on the whole sample, or the ladder's wide trial),
     wider a step at a time, the three ways in turn — the next rung of lists, the shortlist
     doubled, the candidates doubled (up to every list and :data:`_WIDEST`) — until the whole
-    sample's recall (scored) reaches the target; the widest tried and its recall otherwise.
+    sample's recall (scored) reaches the target, then :func:`_trimmed`; the widest tried and its
+    recall otherwise.
     A step at a time, each way in turn: every list can cost ten times what a few more lists do,
     and where the first stage limits recall, more lists do not help (docs/tuning.md, "The
     tuner's ladder"). A step slower than ``cap`` seconds a query is not taken (another search,
@@ -368,9 +369,10 @@ def _trimmed(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
                  replace(params, shortlist=max(start.shortlist, params.candidates, params.shortlist // 2)),
                  replace(params, candidates=max(start.candidates, params.candidates // 2)))
         for back in backs:
-            if trials.key(back) in tried:
+            key = trials.key(back)
+            if key in tried:
                 continue
-            tried.add(trials.key(back))
+            tried.add(key)
             rb = _recall(trials.view, qs, true, back, trials.config, scored=True)
             if rb >= trials.target:
                 params, r = back, rb
