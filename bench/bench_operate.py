@@ -10,7 +10,8 @@ For one shape of the data zoo (:mod:`bench.zoo`) at ``n`` rows:
 2. For ``--minutes``, all at once, from one moment T0:
    * one thread asking held-out queries round-robin, one per call, ``k = 10``, as fast as it
      can (in process: ``Index.query`` on the index opened as a server opens it — upkeep on,
-     ``warm()`` as at a server's start, nothing else; with ``--http``: a separate client
+     the warm-up a server's worker runs before it says ready, and ``PREFLIGHT`` queries as the
+     HTTP client sends; with ``--http``: a separate client
      process on one keep-alive connection to a 2-worker ``gmmlsh serve``);
    * a writer **process** (:mod:`bench.operate_writer`) upserting ``--write-rate`` rows/s in
      batches of ``--batch`` (new ids and replacements) and deleting ``--delete-rate`` ids/s,
@@ -38,6 +39,8 @@ files the build reads).
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import gc
 import json
 import math
 import os
@@ -46,6 +49,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +58,7 @@ import scipy.sparse as sp
 from bench import exact, operate_report
 from bench.common import build_index, emit, serve, start_redis, store_args
 from bench.operate_proc import Child
-from bench.operate_query import loop, query_rows
+from bench.operate_query import PREFLIGHT, loop, query_rows
 from bench.upkeep_watch import HttpWatch, InProcessWatch
 from bench.zoo import SHAPES, Shape
 from gmmlsh.core.gmm import gmm
@@ -102,6 +106,7 @@ def writer_args(args, opened: dict, rows: int, url: str | None) -> list[str]:
 def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, log) -> dict:
     from gmmlsh.index.compile import compile_kernels
     from gmmlsh.index.index import Index
+    from gmmlsh.service.app import warm_queries
 
     final_n, load_n = query_counts(shape, args)
     compile_kernels()  # numba's kernels loaded (or compiled) on throwaway indexes: not timed as a query
@@ -110,16 +115,25 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
     writer = Child("bench.operate_writer", writer_args(args, opened, rows, None), workdir / "writer.json", log,
                    env={**os.environ, "NUMBA_NUM_THREADS": "1"})
     try:
-        ix.warm()  # what a server's worker does at start
+        # What a server's worker does before /health says ready: the mirror mapped, a query by id
+        # and a stored vector through the query kernels, the start-up heap frozen out of the
+        # collector's sight (gmmlsh.service.app).
+        ix.warm()
+        warm_queries(ix)
         # Hashes one row and writes nothing: the process's hashing tables (built on a process's first
         # hash: 0.5 s at 784-d) are made before the clock, as start-up, not as a query's cost.
         ix.prepare(["start-up"], shape.queries(1, 0))
         Q = query_rows(shape.queries(load_n, final_n))
+        for i in range(PREFLIGHT):  # as the HTTP client does: its worker's first queries before the clock
+            ix.query(Q[i % len(Q)], k=10)
+        gc.collect()
+        gc.freeze()
         writer.wait_ready()
         t0 = time.monotonic() + 1.0
         t_end = t0 + args.minutes * 60
         writer.go(t0, t_end)
-        q = loop(lambda i: ix.query(Q[i], k=10), len(Q), t0, t_end)
+        q = loop(traced(lambda i: ix.query(Q[i], k=10), args.trace_slow, workdir / "slow-stacks.txt"),
+                 len(Q), t0, t_end)
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
         final["upkeep_running"] = watch.running()
@@ -130,6 +144,23 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         writer.stop()
         watch.close()
         ix.close()
+
+
+def traced(ask: Callable[[int], None], after_ms: float | None, path: Path) -> Callable[[int], None]:
+    """``ask``, writing every thread's Python stack to ``path`` when a call is still running
+    ``after_ms`` after it started (:func:`faulthandler.dump_traceback_later`): where a slow query
+    was waiting, and what the process's other threads were doing then. None: ``ask`` itself."""
+    if after_ms is None:
+        return ask
+    out = open(path, "w")  # noqa: SIM115 - faulthandler writes to its descriptor for the whole run
+
+    def ask_traced(i: int) -> None:
+        faulthandler.dump_traceback_later(after_ms / 1000, file=out)
+        try:
+            ask(i)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    return ask_traced
 
 
 def final_in_process(ix, Q) -> dict:
@@ -275,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="over HTTP: DELETE /vectors/{id} for each id, or POST /delete with a tick's ids")
     p.add_argument("--final-queries", type=int, default=FINAL_QUERIES)
     p.add_argument("--slow-ms", type=float, help="a query slower than this is flagged (default 50; 100 over HTTP)")
+    p.add_argument("--trace-slow", type=float, metavar="MS",
+                   help="in process: every thread's stack, for each query still running after MS, "
+                        "to slow-stacks.txt in the workdir")
     p.add_argument("--bucket", type=float, default=60.0, help="seconds an interval of the report covers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redis-port", type=int, default=6393)
@@ -284,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prepare-only", action="store_true",
                    help="make (or find) the data files this run needs, say how long it took, and stop")
     a = p.parse_args(argv)
+    if a.http and a.trace_slow is not None:
+        p.error("--trace-slow: the query thread must be this process's (not with --http)")
     shape = SHAPES[a.shape]
     slow = (a.slow_ms or (100.0 if a.http else 50.0)) / 1e3
     rows = writer_rows(a)

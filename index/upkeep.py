@@ -91,6 +91,8 @@ class Upkeep:
         self._asked: tuple[float, View | None, bool] = (0.0, None, False)
         #: Whether a follower thread keeps the mirror up with the store (a worker's lanes then read it).
         self._followed = False
+        #: When a lane of this worker last did a task (monotonic seconds): the lanes stop together.
+        self._worked = 0.0
 
     # --- what is due ------------------------------------------------------------------------
     def due(self, view: View) -> dict[str, bool]:
@@ -180,6 +182,7 @@ class Upkeep:
         """Run both lanes, at a lower priority, until neither has had work for ``idle`` seconds,
         and the follower beside them: a worker process's life."""
         stop = threading.Event()
+        self._worked = time.monotonic()
         lanes = [threading.Thread(target=self._lane, args=(lane, idle, stop), name=f"gmmlsh-upkeep-{lane}")
                  for lane in ("fast", "slow")]
         watch = threading.Thread(target=self._monitor_lane, args=(idle, lanes), name="gmmlsh-upkeep-monitor")
@@ -229,19 +232,22 @@ class Upkeep:
                 time.sleep(MONITOR_POLL_SECONDS)
 
     def _lane(self, lane: str, idle: float, stop: threading.Event) -> None:
+        """One lane's tasks as they fall due, until no lane has had work for ``idle`` seconds:
+        a lane idle alone stays, since while the process lives no other starts on this machine
+        (a slow lane that stopped after 20 s without work left a re-tune the recall monitor
+        asked for undone for as long as a writer kept the fast lane busy)."""
         _lower_priority()
         with self.mirror.locked(lane, blocking=False) as mine:
             if not mine:
                 return
-            last = time.monotonic()
             while not stop.is_set() and self.mirror.dir.exists():
                 try:
                     if self._run(lane):
-                        last = time.monotonic()
+                        self._worked = time.monotonic()
                 except Exception:  # the index keeps answering with what it has; say why upkeep failed
                     log.exception("index upkeep (%s lane) failed", lane)
                     stop.wait(RETRY_SECONDS)
-                if time.monotonic() - last > idle:
+                if time.monotonic() - self._worked > idle:
                     return
                 stop.wait(POLL_SECONDS)
 
