@@ -44,6 +44,7 @@ import gc
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -149,17 +150,31 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
 def traced(ask: Callable[[int], None], after_ms: float | None, path: Path) -> Callable[[int], None]:
     """``ask``, writing every thread's Python stack to ``path`` when a call is still running
     ``after_ms`` after it started (:func:`faulthandler.dump_traceback_later`): where a slow query
-    was waiting, and what the process's other threads were doing then. None: ``ask`` itself."""
+    was waiting, and what the process's other threads were doing then; and once it ends, what
+    the query thread's kernel counted for it (``getrusage``: CPU time, page faults, context
+    switches), which says whether it computed, waited for the disk, or was not given a core.
+    None: ``ask`` itself."""
     if after_ms is None:
         return ask
     out = open(path, "w")  # noqa: SIM115 - faulthandler writes to its descriptor for the whole run
 
     def ask_traced(i: int) -> None:
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        t = time.perf_counter()
         faulthandler.dump_traceback_later(after_ms / 1000, file=out)
         try:
             ask(i)
         finally:
             faulthandler.cancel_dump_traceback_later()
+            took = time.perf_counter() - t
+            if took * 1000 > after_ms:
+                u = resource.getrusage(resource.RUSAGE_THREAD)
+                cpu = u.ru_utime + u.ru_stime - before.ru_utime - before.ru_stime
+                out.write(f"Counted: {took * 1e3:.1f} ms; cpu {cpu * 1e3:.1f} ms; major faults "
+                          f"{u.ru_majflt - before.ru_majflt}; minor faults {u.ru_minflt - before.ru_minflt}; "
+                          f"involuntary switches {u.ru_nivcsw - before.ru_nivcsw}; voluntary "
+                          f"{u.ru_nvcsw - before.ru_nvcsw}\n")
+                out.flush()
     return ask_traced
 
 
@@ -388,6 +403,7 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float) -> list[str]:
          "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate),
          *operate_report.syncs(run["events"], run["query_thread"]),
          "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow),
+         *operate_report.slow_stacks(a.workdir / "slow-stacks.txt" if a.trace_slow and a.workdir else Path("-")),
          "", *operate_report.upkeep(run["queries"], run["events"], run["t0"]), "",
          f"Final round ({f['queries']} other held-out queries, right after the load): **recall@10 {f['recall']:.3f}** "
          f"against the exact truth of the final contents ({s['expected']:,} vectors; truth in {res['truth_s']:.0f} s); "

@@ -6,6 +6,10 @@ ticks, the upkeep events (all on ``time.monotonic``, seconds) — and prints mar
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from pathlib import Path
+
 import numpy as np
 
 
@@ -92,7 +96,7 @@ def upkeep(q: dict, events: list[dict], t0: float, tasks: int = 40) -> list[str]
 
 def _detail(d: dict) -> str:
     keep = ("rows", "segments", "merged", "listed", "fit", "lists", "refit", "chosen", "sample", "trials",
-            "sample_recall_bound", "search_ms", "exact_ms", "truth_seconds", "stale")
+            "widened", "sample_recall_bound", "search_ms", "exact_ms", "truth_seconds", "stale")
     return "; ".join(f"{k} {d[k]}" for k in keep if k in d).replace("|", "/")
 
 
@@ -118,6 +122,28 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, worst: int
         busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
         L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
+
+
+_FRAME = re.compile(r'File "(?:[^"]*/)?([^"/]+)", line (\d+) in (\S+)')
+
+
+def slow_stacks(path: Path, marker: str = "ask_traced", top: int = 8) -> list[str]:
+    """Where the query thread was when a query passed ``--trace-slow`` (``path``: the stacks
+    faulthandler wrote, every thread's per query): its innermost frames, counted."""
+    if not path.exists():
+        return []
+    where: Counter[str] = Counter()
+    for dump in path.read_text().split("Timeout (")[1:]:
+        for thread in dump.split("\nThread ")[1:]:
+            frames = [f"{m[1]}:{m[2]} {m[3]}" for m in _FRAME.finditer(thread)]
+            if any(marker in f for f in frames):  # the query thread: innermost first
+                where[" ← ".join(frames[:3])] += 1
+    total = sum(where.values())
+    counted = [line for line in path.read_text().splitlines() if line.startswith("Counted: ")]
+    return ([f"Where the query thread was once a query passed the trace time ({total} stacks, {path.name}):"]
+            + [f"- {n} × {frames}" for frames, n in where.most_common(top)]
+            + ["", "What the kernel counted for each (the query thread's `getrusage`):"]
+            + [f"- {line.removeprefix('Counted: ')}" for line in counted]) if total else []
 
 
 def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, target_deletes: float

@@ -156,7 +156,7 @@ def _check_mirror(store: Store, cfg: IndexConfig, view: View, rep: CheckReport, 
         since = store.changes(view.token)
         added, retired = set(since.added.tolist()), set(since.retired.tolist())
     rep.mirror_rows = view.rows
-    alive_rows = np.flatnonzero(view.alive)
+    alive_rows = view.live_rows()
     iids = view.iid[alive_rows].astype(np.int64)
     where: dict[int, int] = {}
     for r, iid in zip(alive_rows.tolist(), iids.tolist(), strict=True):

@@ -155,6 +155,14 @@ class View:
     def metadata_of(self, rows: list[int]) -> list[bytes | None]:
         return [b or None for b in gather(*self.meta, rows)]
 
+    def live_rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """The rows in ``[lo, hi)`` (default: all the view's) live now, read from a copy of their
+        flags: other processes retire rows in the mapped column meanwhile, and numpy's nonzero
+        counts the flags, then fills, and raises if the count changed between (a merge of big
+        segments failed so under the operation benchmark's writer)."""
+        hi = self.rows if hi is None else hi
+        return lo + np.flatnonzero(np.array(self.alive[lo:hi]))
+
     @property
     def tail_start(self) -> int:
         """The first row no segment holds."""

@@ -58,7 +58,7 @@ ADVICE = ("the data hold near-copies (each stored vector's nearest neighbours st
 def signal(view: View, config: IndexConfig, seed: int = 0) -> dict | None:
     """The near-copy signal of an index's stored vectors (see the module docstring), or None
     where the index is too small to tell (fewer than ``2 · DEPTH`` live rows)."""
-    live = np.flatnonzero(view.alive[:view.rows])
+    live = view.live_rows()
     if live.shape[0] < 2 * DEPTH:
         return None
     rows = np.random.default_rng(seed).choice(live, size=min(SAMPLE, live.shape[0]), replace=False)

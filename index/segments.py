@@ -115,7 +115,7 @@ def make_fit(directory: Path, view, number: int, bits: int, seed: int, previous:
     """A new fit over the live rows of ``view`` in ``directory/lists-{number}``: new profiles,
     or ``previous``'s (a repack: the same lists, fresh arenas). Returns it (its arenas empty)."""
     words = view.planes.shape[1] // bits
-    live = np.flatnonzero(view.alive[:view.rows])
+    live = view.live_rows()
     if previous is None:
         nlist = max(1, live.shape[0] // LIST_ROWS)
         rng = np.random.default_rng(seed)
@@ -212,7 +212,7 @@ def build_segment(writer: ArenaWriter, view, lo: int, hi: int, live: np.ndarray 
     fit, words = writer.fit, writer.words
     bits = view.planes.shape[1] // words
     if live is None:
-        live = lo + np.flatnonzero(view.alive[lo:hi])
+        live = view.live_rows(lo, hi)
     if labels is None:
         labels = assign_profiles(view.planes, live, fit.profiles, words, bits)
     order = np.argsort(labels, kind="stable")
@@ -288,7 +288,7 @@ def merged_labels(view, arrays: dict, segments: list[dict], nlist: int) -> tuple
     of them keeps. Every live row is listed (rows are listed live, and never come back to life)."""
     rows, labels = labels_of(arrays, segments, nlist)
     lo, hi = segments[0]["lo"], segments[-1]["hi"]
-    live = lo + np.flatnonzero(view.alive[lo:hi])
+    live = view.live_rows(lo, hi)
     pos = np.minimum(np.searchsorted(rows, live), max(0, rows.shape[0] - 1))
     if rows.shape[0] == 0 and live.shape[0] or not np.array_equal(rows[pos], live):
         raise RuntimeError("segments: a live row is in no list")

@@ -138,7 +138,7 @@ def _sample(view: View, config: IndexConfig, queries: int, seed: int, served: li
     if served:
         rows = served[:queries]
         return [q for X32 in rows for q in prepare_vectors(X32, config)], f"{len(rows)} queries"
-    live = np.flatnonzero(view.alive)
+    live = view.live_rows()
     rng = np.random.default_rng(seed)
     rows = rng.choice(live, size=min(queries, live.shape[0]), replace=False)
     return [prepare_row(view, int(r), config) for r in rows], f"{rows.shape[0]} stored vectors"
@@ -478,7 +478,8 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
         postings = _postings_settings(trials, float("inf"))
         reached += postings
         finalists = _finalists(view, qs, true, config, target, postings)
-    if not finalists:  # nothing reaches it on the whole sample: widen the search until it does
+    widened = not finalists
+    if widened:  # nothing reaches it on the whole sample: widen the search until it does
         finalists = _widest(trials, qs, true, reached, ladder_widest)
     # the finalists timed again, best of three passes: one noisy pass must not decide
     best = min(((trials.seconds(p, rounds=3, qs=qs[:TIMING_QUERIES]), p, r) for p, r in finalists),
@@ -487,7 +488,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     report = {"sample": source, "target_recall": target, "exact_ms": round(exact_s * 1e3, 3),
               "hash_ms": round(hash_s * 1e3, 3), "search_ms": round(best[0] * 1e3, 3),
               "sample_recall_bound": round(best[2], 4), "trials": trials.count,
-              "truth_seconds": round(t_truth, 2)}
+              "truth_seconds": round(t_truth, 2), "widened": widened}
     if best[2] < target:
         report["widest_recall_bound"] = round(best[2], 4)
     exact_wins = exact_s <= best[0] or (best[2] < target and exact_s <= EXACT_MARGIN * best[0])
