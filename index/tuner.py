@@ -20,8 +20,9 @@ on image-like sparse rows every postings search is slower, and exploring them to
 build's time); only the few fastest finalists are checked, scored, on the whole sample.
 
 **No cliff.** Where nothing on the ladder reaches the target, the search is widened (more
-lists, longer shortlists, more candidates) until it does; exact search answers instead only
-where it costs at most :data:`EXACT_MARGIN` times the widest sketch search, or is cheaper.
+lists, longer shortlists, more candidates; on text-like data the postings search too) until it
+does, or until the tuning has run :data:`WIDEN_SECONDS`; exact search answers instead only
+where it costs at most :data:`EXACT_MARGIN` times the widest search tried, or is cheaper.
 
 The sample queries are the ones the index has served (:mod:`gmmlsh.index.served`, a uniform
 sample kept with the index) once there are enough; until then, stored vectors, each leaving itself out, with a margin
@@ -94,6 +95,10 @@ _WIDE = (3000, 400)
 #: Recall (the exploration's bound) within which fewer lists than all count as all: past it, more
 #: lists add little and a longer shortlist is what a widened search needs.
 SATURATED = 0.01
+#: Seconds from a tuning's start after which its widening takes no further step (upkeep has a
+#: bounded cost: where the target is out of reach, each step past every list scores the whole
+#: sample at tens of ms a query, and a widening to the end ran over 10 minutes at 2M rows).
+WIDEN_SECONDS = 60.0
 #: Past the ladder: the widest shortlist and candidates a widened search grows to.
 _WIDEST = (32000, 4000)
 #: Sample queries searched exactly at a time for their truth (an answer may hold buffers the size
@@ -187,6 +192,8 @@ class _Trials:
     hash_s: float
     tried: dict = field(default_factory=dict)  # key(params) → recall
     count: int = 0
+    #: time.monotonic() after which a widening takes no further step (:data:`WIDEN_SECONDS`)
+    deadline: float = float("inf")
 
     def recall(self, params: SearchParams) -> float:
         key = self.key(params)
@@ -203,6 +210,11 @@ class _Trials:
     @property
     def spent(self) -> bool:
         return self.count >= MAX_TRIALS
+
+    @property
+    def late(self) -> bool:
+        """Whether a widening must stop where it is (the tuning has run :data:`WIDEN_SECONDS`)."""
+        return time.monotonic() > self.deadline
 
     def seconds(self, params: SearchParams, rounds: int = 1, qs: list[Prepared] | None = None) -> float:
         """Seconds a query of ``params`` takes, one query at a time, hashing included (a sketch
@@ -347,7 +359,7 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
                 replace(params, shortlist=min(_WIDEST[0], 2 * params.shortlist)),
                 replace(params, candidates=min(_WIDEST[1], 2 * params.candidates)))
         way = next((w % 3 for w in range(turn, turn + 3) if ways[w % 3] != params), None)
-        if way is None or (cap < float("inf") and trials.seconds(ways[way]) > cap):
+        if way is None or trials.late or (cap < float("inf") and trials.seconds(ways[way]) > cap):
             return params, r
         turn = way + 1
         params, r = ways[way], _recall(trials.view, qs, true, ways[way], trials.config, scored=True)
@@ -397,7 +409,7 @@ def _postings_widened(trials: _Trials, qs: list[Prepared], true: list, start: Se
                                                 params.candidates)),
                 replace(params, rare=next((x for x in _RARE_SHARES if x > params.rare), params.rare)))
         way = next((w % 2 for w in range(turn, turn + 2) if ways[w % 2] != params), None)
-        if way is None:
+        if way is None or trials.late:
             break
         turn = way + 1
         params = ways[way]
@@ -454,7 +466,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     reach (default :data:`TARGET_RECALL`). The report says what was chosen and why, what it
     cost and how long the tuning took.
     """
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.monotonic()
     # The live flags as they are now, held still: rows retired while the tuning runs (a writer
     # replacing 1,000 rows a second) would otherwise be in the truth and out of every trial's reach.
     alive = np.array(view.alive[:view.rows])
@@ -466,7 +478,8 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     t_truth = time.perf_counter() - t0
     hash_s = _hash_seconds(qs[:16], config)
     step = max(1, len(qs) // EXPLORE_QUERIES)
-    trials = _Trials(view, qs[::step][:EXPLORE_QUERIES], true[::step][:EXPLORE_QUERIES], config, target, hash_s)
+    trials = _Trials(view, qs[::step][:EXPLORE_QUERIES], true[::step][:EXPLORE_QUERIES], config, target, hash_s,
+                     deadline=started + WIDEN_SECONDS)
     rank_choices = sorted({min(b, RANK_BITS_MAX, config.bits) for b in (2, RANK_BITS_MAX)}, reverse=True)
     reached = _sketch_settings(trials, view.list_count, rank_choices)
     ladder_widest = SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0], candidates=_WIDE[1])
@@ -494,6 +507,8 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
               "hash_ms": round(hash_s * 1e3, 3), "search_ms": round(best[0] * 1e3, 3),
               "sample_recall_bound": round(best[2], 4), "trials": trials.count,
               "truth_seconds": round(t_truth, 2), "widened": widened}
+    if widened and trials.late:
+        report["widening_stopped"] = f"at {WIDEN_SECONDS:.0f} s"  # the time limit, not the target, ended it
     if best[2] < target:
         report["widest_recall_bound"] = round(best[2], 4)
     exact_wins = exact_s <= best[0] or (best[2] < target and exact_s <= EXACT_MARGIN * best[0])

@@ -467,7 +467,8 @@ def test_a_search_that_misses_on_the_whole_sample_is_widened_a_step_at_a_time_th
         return 0.97 if reach(params) else 0.9
 
     monkeypatch.setattr(tuner, "_recall", step)
-    trials = SimpleNamespace(view=SimpleNamespace(list_count=1000), config=None, target=0.96, key=tuner._Trials.key)
+    trials = SimpleNamespace(view=SimpleNamespace(list_count=1000), config=None, target=0.96, key=tuner._Trials.key,
+                             late=False)
     start = SearchParams(probes=16, shortlist=500, rank_bits=2, candidates=200)
     reach = lambda p: p.probes >= 32  # noqa: E731 - the lists limit: the shortlist and candidates undone
     assert tuner._widened(trials, [], [], start) == (SearchParams(probes=32, shortlist=500, rank_bits=2,
@@ -512,7 +513,8 @@ def test_where_nothing_reaches_the_target_both_families_are_widened_and_the_bett
     monkeypatch.setattr(tuner, "_recall", recall)
     # a postings search costs 10 ms; a sketch search 0.1 ms a list probed (every list: 100 ms)
     trials = SimpleNamespace(view=SimpleNamespace(list_count=1000, postings_search=True), config=None, target=0.96,
-                             key=tuner._Trials.key, seconds=lambda p: 0.010 if p.rare else 1e-4 * (p.probes or 1000))
+                             key=tuner._Trials.key, seconds=lambda p: 0.010 if p.rare else 1e-4 * (p.probes or 1000),
+                             late=False)
     found = [(0.004, SearchParams(probes=16, shortlist=500, rank_bits=4, candidates=200), 0.97),
              (0.012, SearchParams(rare=1 / 256, candidates=300), 0.965),
              (0.011, SearchParams(rare=1 / 128, candidates=200), 0.97)]
@@ -539,6 +541,11 @@ def test_where_nothing_reaches_the_target_both_families_are_widened_and_the_bett
     sketch = lambda p: 0.97 if p.probes == 0 else 0.9  # noqa: E731
     assert tuner._widest(trials, [], [], found[:1], widest)[0][0].probes == 0
     assert all(t[0] == "sketch" for t in tried)
+    tried.clear()
+    trials.late = True  # the tuning has run WIDEN_SECONDS: no step is taken (the postings search's start is scored)
+    trials.view.postings_search = True
+    assert tuner._widest(trials, [], [], found, widest) == [(SearchParams(rare=1 / 128, candidates=200), 0.94)]
+    assert tried == [("postings", 1 / 128, 200)]
 
 
 def _listed(view) -> np.ndarray:
