@@ -350,7 +350,8 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
     A step at a time, each way in turn: every list can cost ten times what a few more lists do,
     and where the first stage limits recall, more lists do not help (docs/tuning.md, "The
     tuner's ladder"). A step slower than ``cap`` seconds a query is not taken (another search,
-    already known, answers faster). ``turn``: the way tried first (1: the shortlist)."""
+    already known, answers faster), nor any once the tuning has run :data:`WIDEN_SECONDS`.
+    ``turn``: the way tried first (1: the shortlist)."""
     ladder = _probe_ladder(trials.view.list_count)
     params, r = start, 0.0
     missed = {trials.key(start)}
@@ -399,8 +400,8 @@ def _postings_widened(trials: _Trials, qs: list[Prepared], true: list, start: Se
                       ) -> tuple[SearchParams, float]:
     """The postings search from ``start``, wider a step at a time, the two ways in turn — the
     candidates a rung up :data:`_POSTINGS_CANDIDATES`, the rare coordinates' share a rung up
-    :data:`_RARE_SHARES` — until the whole sample's recall reaches the target; the widest and
-    its recall otherwise."""
+    :data:`_RARE_SHARES` — until the whole sample's recall reaches the target (or the tuning
+    has run :data:`WIDEN_SECONDS`); the widest and its recall otherwise."""
     params = start
     r = _recall(trials.view, qs, true, params, trials.config)
     turn = 0

@@ -91,8 +91,10 @@ class Upkeep:
         self._asked: tuple[float, View | None, bool] = (0.0, None, False)
         #: Whether a follower thread keeps the mirror up with the store (a worker's lanes then read it).
         self._followed = False
-        #: When a lane of this worker last did a task (monotonic seconds): the lanes stop together.
+        #: When a lane of this worker last ended a task (monotonic seconds), and the lanes in one
+        #: now: the lanes stop together, once none is in a task and none has been for the idle time.
         self._worked = 0.0
+        self._busy: set[str] = set()
 
     # --- what is due ------------------------------------------------------------------------
     def due(self, view: View) -> dict[str, bool]:
@@ -232,22 +234,21 @@ class Upkeep:
                 time.sleep(MONITOR_POLL_SECONDS)
 
     def _lane(self, lane: str, idle: float, stop: threading.Event) -> None:
-        """One lane's tasks as they fall due, until no lane has had work for ``idle`` seconds:
-        a lane idle alone stays, since while the process lives no other starts on this machine
-        (a slow lane that stopped after 20 s without work left a re-tune the recall monitor
-        asked for undone for as long as a writer kept the fast lane busy)."""
+        """One lane's tasks as they fall due, until no lane is in a task or has ended one for
+        ``idle`` seconds: a lane idle alone stays, since while the process lives no other starts
+        on this machine (a slow lane that stopped after 20 s without work left a re-tune the
+        recall monitor asked for undone for as long as a writer kept the fast lane busy)."""
         _lower_priority()
         with self.mirror.locked(lane, blocking=False) as mine:
             if not mine:
                 return
             while not stop.is_set() and self.mirror.dir.exists():
                 try:
-                    if self._run(lane):
-                        self._worked = time.monotonic()
+                    self._run(lane)
                 except Exception:  # the index keeps answering with what it has; say why upkeep failed
                     log.exception("index upkeep (%s lane) failed", lane)
                     stop.wait(RETRY_SECONDS)
-                if time.monotonic() - self._worked > idle:
+                if not self._busy and time.monotonic() - self._worked > idle:
                     return
                 stop.wait(POLL_SECONDS)
 
@@ -265,6 +266,7 @@ class Upkeep:
             running = self.mirror.dir / f"upkeep-{lane}.json"
             running.write_text(json.dumps({"kind": kind, "lane": lane, "pid": os.getpid(), "started": at}))
             log.info("upkeep %s (%s lane) started", kind, lane)
+            self._busy.add(lane)
             try:
                 what = run(view)
             except Stale as exc:  # another task moved the state first: plan again
@@ -275,6 +277,8 @@ class Upkeep:
                 what = {"stale": f"the fit was replaced ({exc.filename})"}
             finally:
                 running.unlink(missing_ok=True)
+                self._busy.discard(lane)
+                self._worked = time.monotonic()
             seconds = time.perf_counter() - t0
             event = {"kind": kind, "lane": lane, "pid": os.getpid(), "started": at, "seconds": round(seconds, 4),
                      **what}

@@ -200,6 +200,46 @@ def test_a_worker_keeps_its_slow_lane_while_its_fast_lane_works(tmp_path, fmnist
         assert not worker.is_alive()
 
 
+def test_a_lane_in_a_long_task_keeps_its_worker_s_other_lane(tmp_path, fmnist, monkeypatch):
+    """A lane in a task counts as work: the slow lane holds in a tuning (at 2M rows under a
+    writer one took 63 s) while the fast lane has nothing to do for longer than the idle time;
+    rows then arrive, and the fast lane is still there to make them a segment."""
+    X, _, Q, _ = fmnist
+    idle = 1.0
+    with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 5000), X[:5000])
+        ix.maintain()
+        inside, release = threading.Event(), threading.Event()
+        held = tuner.tune
+
+        def slow(*args, **kwargs):
+            inside.set()
+            assert release.wait(120)
+            return held(*args, **kwargs)
+
+        monkeypatch.setattr(tuner, "tune", slow)
+        for q in Q[:tuner.MIN_QUERIES]:  # a tuning on served queries falls due
+            ix.query(q, k=10)
+        ix.flush_served()
+        worker = threading.Thread(target=ix.upkeep.work, kwargs={"idle": idle})
+        worker.start()
+        try:
+            assert inside.wait(120)
+            release.wait(3 * idle)  # not set: the fast lane idle for three idle times
+            ix.upsert(_ids(5000, 5000 + segments.TAIL_ROWS), X[5000:5000 + segments.TAIL_ROWS])
+            waited = threading.Event()
+            for _ in range(300):
+                if ix.view().tail_start == 5000 + segments.TAIL_ROWS:
+                    break
+                waited.wait(0.1)
+            assert ix.view().tail_start == 5000 + segments.TAIL_ROWS, "no fast lane made the new rows a segment"
+            assert not release.is_set() and worker.is_alive()  # while the tuning still held
+        finally:
+            release.set()
+            worker.join(120)
+        assert not worker.is_alive() and ix.view().tuned_on_queries
+
+
 def test_upkeep_lanes_lower_their_own_priority_only():
     """A worker's lanes run below the queries' priority, its follower (which takes the lock a
     query may wait for) at the process's: the priority is lowered per thread."""
