@@ -133,13 +133,14 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         t0 = time.monotonic() + 1.0
         t_end = t0 + args.minutes * 60
         writer.go(t0, t_end)
-        q = loop(traced(lambda i: ix.query(Q[i], k=10), args.trace_slow, workdir / "slow-stacks.txt"),
-                 len(Q), t0, t_end)
+        stacks = workdir / "slow-stacks.txt"
+        q = loop(traced(lambda i: ix.query(Q[i], k=10), args.trace_slow, stacks), len(Q), t0, t_end)
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
         final["upkeep_running"] = watch.running()
         return {"t0": t0, "queries": q, "writer": w, "events": watch.events, "logs": watch.logs,
                 "final": final, "query_thread": threading.current_thread().name,
+                "slow_stacks": operate_report.slow_stacks(stacks) if args.trace_slow is not None else [],
                 "search_after": ix.stats()["search"]}
     finally:
         writer.stop()
@@ -322,8 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--final-queries", type=int, default=FINAL_QUERIES)
     p.add_argument("--slow-ms", type=float, help="a query slower than this is flagged (default 50; 100 over HTTP)")
     p.add_argument("--trace-slow", type=float, metavar="MS",
-                   help="in process: every thread's stack, for each query still running after MS, "
-                        "to slow-stacks.txt in the workdir")
+                   help="in process: for each query still running after MS, every thread's stack and the "
+                        "query thread's getrusage (slow-stacks.txt in the workdir; summed up in the report)")
     p.add_argument("--bucket", type=float, default=60.0, help="seconds an interval of the report covers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--redis-port", type=int, default=6393)
@@ -403,7 +404,7 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float) -> list[str]:
          "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate),
          *operate_report.syncs(run["events"], run["query_thread"]),
          "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow),
-         *operate_report.slow_stacks(a.workdir / "slow-stacks.txt" if a.trace_slow and a.workdir else Path("-")),
+         *run.get("slow_stacks", []),
          "", *operate_report.upkeep(run["queries"], run["events"], run["t0"]), "",
          f"Final round ({f['queries']} other held-out queries, right after the load): **recall@10 {f['recall']:.3f}** "
          f"against the exact truth of the final contents ({s['expected']:,} vectors; truth in {res['truth_s']:.0f} s); "

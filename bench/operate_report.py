@@ -129,8 +129,9 @@ _FRAME = re.compile(r'File "(?:[^"]*/)?([^"/]+)", line (\d+) in (\S+)')
 
 def slow_stacks(path: Path, marker: str = "ask_traced", top: int = 8) -> list[str]:
     """Where the query thread was when a query passed ``--trace-slow`` (``path``: the stacks
-    faulthandler wrote, every thread's per query): its innermost frames, counted."""
-    if not path.exists():
+    faulthandler wrote, every thread's per query): its innermost frames, counted; and each slow
+    query's ``getrusage`` line. Nothing where no query was slow."""
+    if not path.exists() or not path.stat().st_size:
         return []
     where: Counter[str] = Counter()
     for dump in path.read_text().split("Timeout (")[1:]:
@@ -138,12 +139,11 @@ def slow_stacks(path: Path, marker: str = "ask_traced", top: int = 8) -> list[st
             frames = [f"{m[1]}:{m[2]} {m[3]}" for m in _FRAME.finditer(thread)]
             if any(marker in f for f in frames):  # the query thread: innermost first
                 where[" ← ".join(frames[:3])] += 1
-    total = sum(where.values())
-    counted = [line for line in path.read_text().splitlines() if line.startswith("Counted: ")]
-    return ([f"Where the query thread was once a query passed the trace time ({total} stacks, {path.name}):"]
-            + [f"- {n} × {frames}" for frames, n in where.most_common(top)]
-            + ["", "What the kernel counted for each (the query thread's `getrusage`):"]
-            + [f"- {line.removeprefix('Counted: ')}" for line in counted]) if total else []
+    counted = [line.removeprefix("Counted: ") for line in path.read_text().splitlines() if line.startswith("Counted: ")]
+    L = [f"Where the query thread was once a query passed the trace time ({sum(where.values())} stacks):"]
+    L += [f"- {n} × {frames}" for frames, n in where.most_common(top)]
+    L += ["", f"What the kernel counted for each of the {len(counted)} (the query thread's `getrusage`):"]
+    return L + [f"- {line}" for line in counted]
 
 
 def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, target_deletes: float
