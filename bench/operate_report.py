@@ -133,13 +133,14 @@ def slow_stacks(path: Path, marker: str = "ask_traced", top: int = 8) -> list[st
     query's ``getrusage`` line. Nothing where no query was slow."""
     if not path.exists() or not path.stat().st_size:
         return []
+    text = path.read_text()
     where: Counter[str] = Counter()
-    for dump in path.read_text().split("Timeout (")[1:]:
+    for dump in text.split("Timeout (")[1:]:
         for thread in dump.split("\nThread ")[1:]:
             frames = [f"{m[1]}:{m[2]} {m[3]}" for m in _FRAME.finditer(thread)]
             if any(marker in f for f in frames):  # the query thread: innermost first
                 where[" ← ".join(frames[:3])] += 1
-    counted = [line.removeprefix("Counted: ") for line in path.read_text().splitlines() if line.startswith("Counted: ")]
+    counted = [line.removeprefix("Counted: ") for line in text.splitlines() if line.startswith("Counted: ")]
     L = [f"Where the query thread was once a query passed the trace time ({sum(where.values())} stacks):"]
     L += [f"- {n} × {frames}" for frames, n in where.most_common(top)]
     L += ["", f"What the kernel counted for each of the {len(counted)} (the query thread's `getrusage`):"]

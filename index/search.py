@@ -191,7 +191,7 @@ def run_exact(view: View, p: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
     rows, sims = rows[:m], sims[:m]
     live = view.live - (0 <= p.exclude < n and bool(view.alive[p.exclude]))
     if m < min(k, live):  # rows sharing nothing with the query (similarity 0) fill the answer
-        zero = np.setdiff1d(view.live_rows(0, n), np.append(rows, p.exclude))[:k - m]
+        zero = np.setdiff1d(view.live_rows(), np.append(rows, p.exclude))[:k - m]
         rows, sims = np.concatenate([rows, zero]), np.concatenate([sims, np.zeros(zero.shape[0])])
     return rows, sims, live
 

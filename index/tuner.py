@@ -192,7 +192,7 @@ class _Trials:
     hash_s: float
     tried: dict = field(default_factory=dict)  # key(params) → recall
     count: int = 0
-    #: time.monotonic() after which a widening takes no further step (:data:`WIDEN_SECONDS`)
+    #: time.perf_counter() after which a widening takes no further step (:data:`WIDEN_SECONDS`)
     deadline: float = float("inf")
 
     def recall(self, params: SearchParams) -> float:
@@ -214,7 +214,7 @@ class _Trials:
     @property
     def late(self) -> bool:
         """Whether a widening must stop where it is (the tuning has run :data:`WIDEN_SECONDS`)."""
-        return time.monotonic() > self.deadline
+        return time.perf_counter() > self.deadline
 
     def seconds(self, params: SearchParams, rounds: int = 1, qs: list[Prepared] | None = None) -> float:
         """Seconds a query of ``params`` takes, one query at a time, hashing included (a sketch
@@ -391,7 +391,7 @@ def _widest(trials: _Trials, qs: list[Prepared], true: list, reached: list[tuple
                              else _POSTINGS_START)
     further = _widened(trials, qs, true, sketch[0], trials.seconds(post[0]) if post[1] >= trials.target
                        else float("inf"))
-    widened = [post, further if further[1] > 0 else sketch]  # 0: no step taken past where it stopped
+    widened = [post, sketch if further[0] == sketch[0] else further]  # no step past where it stopped: its recall
     hits = [x for x in widened if x[1] >= trials.target]
     return hits or [max(widened, key=lambda x: x[1])]
 
@@ -467,7 +467,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     reach (default :data:`TARGET_RECALL`). The report says what was chosen and why, what it
     cost and how long the tuning took.
     """
-    t0, started = time.perf_counter(), time.monotonic()
+    t0 = time.perf_counter()
     # The live flags as they are now, held still: rows retired while the tuning runs (a writer
     # replacing 1,000 rows a second) would otherwise be in the truth and out of every trial's reach.
     alive = np.array(view.alive[:view.rows])
@@ -480,7 +480,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     hash_s = _hash_seconds(qs[:16], config)
     step = max(1, len(qs) // EXPLORE_QUERIES)
     trials = _Trials(view, qs[::step][:EXPLORE_QUERIES], true[::step][:EXPLORE_QUERIES], config, target, hash_s,
-                     deadline=started + WIDEN_SECONDS)
+                     deadline=t0 + WIDEN_SECONDS)
     rank_choices = sorted({min(b, RANK_BITS_MAX, config.bits) for b in (2, RANK_BITS_MAX)}, reverse=True)
     reached = _sketch_settings(trials, view.list_count, rank_choices)
     ladder_widest = SearchParams(probes=0, shortlist=_WIDE[0], rank_bits=rank_choices[0], candidates=_WIDE[1])
