@@ -32,7 +32,7 @@ from gmmlsh.index import monitor, tuner
 from gmmlsh.index.config import DEFAULT_K, MAX_SCROLL_LIMIT, IndexConfig, SearchParams
 from gmmlsh.index.filtered import NameOrder, matching, run_filtered, scroll
 from gmmlsh.index.filters import Filter, FilterError, MetaColumns
-from gmmlsh.index.mirror import Mirror, View, mirror_dir
+from gmmlsh.index.mirror import Mirror, View, ahead, mirror_dir
 from gmmlsh.index.plan import Untuned, as_filter, check_options, search_of, tuned_params
 from gmmlsh.index.records import (
     SparseRow,
@@ -384,7 +384,7 @@ class Index:
         out again on a synced mirror if the token shows a write the mirror lacks — so an
         answer never misses a write acknowledged before the query, as if the token had been
         read first. A local store's writes are acknowledged once applied (:meth:`write`): one
-        being applied elsewhere is not waited for, the first answer stands."""
+        being applied elsewhere, or applied since the view was read, is not waited for."""
         pending = self.store.token_later()
         view = self.mirror.refresh()
         refused: FilterError | None = None
@@ -412,7 +412,8 @@ class Index:
                 if refused is not None:
                     raise refused
                 return out
-            if fresh is view:  # a local store's writes being applied by their writer: not acknowledged yet
+            if fresh is view or (self.store.local and missing is None and not untuned and ahead(now, view.token)):
+                # a local store acknowledges a write once the mirror has it: one the view lacks came later
                 if refused is not None:
                     raise refused
                 return self._served(view, out)

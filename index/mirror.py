@@ -562,6 +562,12 @@ class Mirror:
         return sum(p.stat().st_blocks * 512 for p in self.dir.rglob("*") if p.is_file())
 
 
+def ahead(now: tuple, mirrored: tuple | list | None) -> bool:
+    """Whether the store's token ``now`` only adds to the mirror's ``mirrored``: writes the
+    mirror lacks, nothing of what it holds undone (it has a token, and the store is not behind it)."""
+    return mirrored is not None and not _behind(now, mirrored)
+
+
 def _behind(now: tuple, mirrored: list) -> bool:
     """Whether the store's token is behind the mirror's (a restored backup, a flushed Redis)."""
     return len(now) != len(mirrored) or any(a < b for a, b in zip(now, mirrored, strict=True))

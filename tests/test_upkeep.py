@@ -303,5 +303,42 @@ def test_an_lmdb_write_is_searchable_when_acknowledged_and_a_query_never_syncs_f
         finally:
             release.set()
             holder.join(60)
-        assert ix.query(X[7001], k=1, mode="exact").neighbors[0].id == "unacknowledged"  # the lock free: applied
+        ix.query(X[7001], k=1, mode="exact")  # the lock free: this query applies it (its answer stands) ...
+        assert ix.mirror.refresh().token == ix.store.token()
+        assert ix.query(X[7001], k=1, mode="exact").neighbors[0].id == "unacknowledged"  # ... and the next finds it
         assert ix.check().ok
+
+
+def test_a_query_answers_once_when_a_local_write_lands_during_it(tmp_path, fmnist, monkeypatch):
+    """LMDB: a write that the mirror lacks when a query reads its view was acknowledged after the
+    query began (its writer holds the sync lock until the mirror has it), so the query answers
+    once, from its view, whether that writer is still applying it or has finished; answering
+    again on the newer view cost a few per cent of the queries under a steady writer."""
+    X, _, _, _ = fmnist
+    with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=128), maintain=False) as ix:
+        ix.upsert(_ids(0, 3000), X[:3000])
+        answers, real = [], ix._answer
+        monkeypatch.setattr(ix, "_answer", lambda *a, **kw: answers.append(1) or real(*a, **kw))
+        stop, written = threading.Event(), [3000]
+
+        def write():
+            while not stop.is_set():
+                i = written[0]
+                ix.upsert(_ids(i, i + 10), X[i:i + 10])
+                written[0] = i + 10
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        queries = moved = 0
+        try:
+            while moved < 100 and queries < 5000:
+                before = ix.mirror.refresh().token
+                ix.query(X[queries % 3000], k=5, mode="exact")
+                queries += 1
+                moved += ix.store.token() != before
+        finally:
+            stop.set()
+            writer.join(60)
+        assert moved == 100  # a write landed during each of 100 queries
+        assert len(answers) == queries
+        assert ix.query(X[written[0] - 1], k=1, mode="exact").neighbors[0].id == f"v{written[0] - 1}"
