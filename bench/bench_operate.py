@@ -39,7 +39,6 @@ files the build reads).
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import json
 import math
@@ -47,9 +46,11 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,12 +135,14 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         t_end = t0 + args.minutes * 60
         writer.go(t0, t_end)
         stacks = workdir / "slow-stacks.txt"
+        answered = watch.answers
         q = loop(traced(lambda i: ix.query(Q[i], k=10), args.trace_slow, stacks), len(Q), t0, t_end)
+        answered = watch.answers - answered
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
         final["upkeep_running"] = watch.running()
         return {"t0": t0, "queries": q, "writer": w, "events": watch.events, "logs": watch.logs,
-                "final": final, "query_thread": threading.current_thread().name,
+                "final": final, "query_thread": threading.current_thread().name, "answers": answered,
                 "slow_stacks": operate_report.slow_stacks(stacks) if args.trace_slow is not None else [],
                 "search_after": ix.stats()["search"]}
     finally:
@@ -150,25 +153,43 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
 
 def traced(ask: Callable[[int], None], after_ms: float | None, path: Path) -> Callable[[int], None]:
     """``ask``, writing every thread's Python stack to ``path`` when a call is still running
-    ``after_ms`` after it started (:func:`faulthandler.dump_traceback_later`): where a slow query
-    was waiting, and what the process's other threads were doing then; and once it ends, what
-    the query thread's kernel counted for it (``getrusage``: CPU time, page faults, context
-    switches), which says whether it computed, waited for the disk, or was not given a core.
-    None: ``ask`` itself."""
+    ``after_ms`` after it started (seen by a watchdog thread that looks every quarter of that
+    time): where a slow query was waiting, and what the process's other threads were doing
+    then; and once it ends, what the query thread's kernel counted for it (``getrusage``: CPU
+    time, page faults, context switches), which says whether it computed, waited for the disk,
+    or was not given a core. None: ``ask`` itself.
+
+    The watchdog reads the stacks with ``sys._current_frames`` under the interpreter lock.
+    ``faulthandler.dump_traceback_later``, which reads them from a C thread without that lock,
+    crashed a 10-minute run with a segfault when a frame it walked was freed under it."""
     if after_ms is None:
         return ask
-    out = open(path, "w")  # noqa: SIM115 - faulthandler writes to its descriptor for the whole run
+    out = open(path, "w")  # noqa: SIM115 - written by the watchdog and the query thread for the whole run
+    after = after_ms / 1000
+    current: list[tuple[int, float | None]] = [(0, None)]  # the call under way: its number and start
+
+    def watch() -> None:
+        dumped = 0
+        while True:
+            time.sleep(after / 4)
+            n, start = current[0]
+            if start is not None and n != dumped and time.perf_counter() - start > after:
+                dumped = n
+                out.write(_stacks(after_ms))
+                out.flush()
+
+    threading.Thread(target=watch, name="bench-trace-slow", daemon=True).start()
 
     def ask_traced(i: int) -> None:
         before = resource.getrusage(resource.RUSAGE_THREAD)
         t = time.perf_counter()
-        faulthandler.dump_traceback_later(after_ms / 1000, file=out)
+        current[0] = (current[0][0] + 1, t)
         try:
             ask(i)
         finally:
-            faulthandler.cancel_dump_traceback_later()
+            current[0] = (current[0][0], None)
             took = time.perf_counter() - t
-            if took * 1000 > after_ms:
+            if took > after:
                 u = resource.getrusage(resource.RUSAGE_THREAD)
                 cpu = u.ru_utime + u.ru_stime - before.ru_utime - before.ru_stime
                 out.write(f"Counted: {took * 1e3:.1f} ms; cpu {cpu * 1e3:.1f} ms; major faults "
@@ -177,6 +198,19 @@ def traced(ask: Callable[[int], None], after_ms: float | None, path: Path) -> Ca
                           f"{u.ru_nvcsw - before.ru_nvcsw}\n")
                 out.flush()
     return ask_traced
+
+
+def _stacks(after_ms: float) -> str:
+    """Every thread's Python stack, innermost frame first, in faulthandler's layout (what
+    :func:`bench.operate_report.slow_stacks` reads)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = [f"Timeout ({after_ms:g} ms)!"]
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"Thread {ident:#x} ({names.get(ident, '?')}) (most recent call first):")
+        stack = reversed(traceback.extract_stack(frame))
+        lines += [f'  File "{f.filename}", line {f.lineno} in {f.name}' for f in stack]
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def final_in_process(ix, Q) -> dict:
@@ -402,7 +436,7 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float) -> list[str]:
          "", *operate_report.intervals(run["queries"], run["writer"], run["events"], run["t0"], seconds, a.bucket,
                                        slow),
          "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate),
-         *operate_report.syncs(run["events"], run["query_thread"]),
+         *operate_report.syncs(run["events"], run["query_thread"], run["queries"], run.get("answers")),
          "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow),
          *run.get("slow_stacks", []),
          "", *operate_report.upkeep(run["queries"], run["events"], run["t0"]), "",

@@ -100,9 +100,13 @@ def _detail(d: dict) -> str:
     return "; ".join(f"{k} {d[k]}" for k in keep if k in d).replace("|", "/")
 
 
-def syncs(events: list[dict], query_thread: str) -> list[str]:
-    """How long applying the writer's changes took on the query thread and elsewhere."""
+def syncs(events: list[dict], query_thread: str, q: dict, answers: int | None = None) -> list[str]:
+    """How long applying the writer's changes took on the query thread and elsewhere; with
+    ``answers`` (in process), how many queries answered twice (again on a newer view)."""
     out = []
+    if answers is not None:
+        asked = len(q["latency"])
+        out.append(f"- queries answered again on a newer view: {answers - asked:,} of {asked:,}")
     for who, sel in (("the query thread", lambda e: e["thread"] == query_thread),
                      ("upkeep threads", lambda e: e["thread"] != query_thread)):
         d = np.array([e["end"] - e["start"] for e in events if e["kind"] == "sync" and sel(e)])
@@ -129,7 +133,7 @@ _FRAME = re.compile(r'File "(?:[^"]*/)?([^"/]+)", line (\d+) in (\S+)')
 
 def slow_stacks(path: Path, marker: str = "ask_traced", top: int = 8) -> list[str]:
     """Where the query thread was when a query passed ``--trace-slow`` (``path``: the stacks
-    faulthandler wrote, every thread's per query): its innermost frames, counted; and each slow
+    its watchdog wrote, every thread's per query): its innermost frames, counted; and each slow
     query's ``getrusage`` line. Nothing where no query was slow."""
     if not path.exists() or not path.stat().st_size:
         return []

@@ -85,6 +85,16 @@ class InProcessWatch:
 
         ix.mirror.sync = sync
         self._undo.append(lambda: delattr(ix.mirror, "sync"))
+        #: answers worked out: a query that answered again on a newer view counts twice
+        self.answers = 0
+        answer = ix._answer
+
+        def counted(*args, **kwargs):
+            self.answers += 1
+            return answer(*args, **kwargs)
+
+        ix._answer = counted
+        self._undo.append(lambda: delattr(ix, "_answer"))
         handler = _Collect(self.logs)
         logger = logging.getLogger("gmmlsh")
         level = logger.level
