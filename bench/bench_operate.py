@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,16 +135,19 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         t0 = time.monotonic() + 1.0
         t_end = t0 + args.minutes * 60
         writer.go(t0, t_end)
-        stacks = workdir / "slow-stacks.txt"
+        def ask(i: int) -> None:
+            ix.query(Q[i], k=10)
+
+        trace = SlowTrace(ask, args.trace_slow, workdir / "slow-stacks.txt") if args.trace_slow is not None else None
         answered = watch.answers
-        q = loop(traced(lambda i: ix.query(Q[i], k=10), args.trace_slow, stacks), len(Q), t0, t_end)
+        q = loop(trace or ask, len(Q), t0, t_end)
         answered = watch.answers - answered
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
         final["upkeep_running"] = watch.running()
         return {"t0": t0, "queries": q, "writer": w, "events": watch.events, "logs": watch.logs,
                 "final": final, "query_thread": threading.current_thread().name, "answers": answered,
-                "slow_stacks": operate_report.slow_stacks(stacks) if args.trace_slow is not None else [],
+                "slow_stacks": trace.summary() if trace is not None else [],
                 "search_after": ix.stats()["search"]}
     finally:
         writer.stop()
@@ -151,66 +155,74 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         ix.close()
 
 
-def traced(ask: Callable[[int], None], after_ms: float | None, path: Path) -> Callable[[int], None]:
-    """``ask``, writing every thread's Python stack to ``path`` when a call is still running
-    ``after_ms`` after it started (seen by a watchdog thread that looks every quarter of that
-    time): where a slow query was waiting, and what the process's other threads were doing
-    then; and once it ends, what the query thread's kernel counted for it (``getrusage``: CPU
-    time, page faults, context switches), which says whether it computed, waited for the disk,
-    or was not given a core. None: ``ask`` itself.
+class SlowTrace:
+    """A query callable traced for slowness: for each call still running ``after_ms`` after it
+    started (seen by a watchdog thread that looks every quarter of that time), every thread's
+    Python stack goes to ``path`` and the query thread's innermost frames are counted — where a
+    slow query was waiting, and what the process's other threads were doing then; once such a
+    call ends, what the query thread's kernel counted for it (``getrusage``: CPU time, page
+    faults, context switches) says whether it computed, waited for the disk, or was not given
+    a core. :meth:`summary` sums them up for the report.
 
     The watchdog reads the stacks with ``sys._current_frames`` under the interpreter lock.
     ``faulthandler.dump_traceback_later``, which reads them from a C thread without that lock,
     crashed a 10-minute run with a segfault when a frame it walked was freed under it."""
-    if after_ms is None:
-        return ask
-    out = open(path, "w")  # noqa: SIM115 - written by the watchdog and the query thread for the whole run
-    after = after_ms / 1000
-    current: list[tuple[int, float | None]] = [(0, None)]  # the call under way: its number and start
 
-    def watch() -> None:
-        dumped = 0
-        while True:
-            time.sleep(after / 4)
-            n, start = current[0]
-            if start is not None and n != dumped and time.perf_counter() - start > after:
-                dumped = n
-                out.write(_stacks(after_ms))
-                out.flush()
+    def __init__(self, ask: Callable[[int], None], after_ms: float, path: Path):
+        self.ask, self.after = ask, after_ms / 1000
+        self.out = open(path, "w")  # noqa: SIM115 - written by the watchdog and the query thread for the whole run
+        self.where: Counter[str] = Counter()  # the query thread's innermost frames, once a call passed the time
+        self.counted: list[str] = []  # each slow call's getrusage
+        self._current: tuple[int, int, float | None] = (0, 0, None)  # the call under way: number, thread, start
+        threading.Thread(target=self._watch, name="bench-trace-slow", daemon=True).start()
 
-    threading.Thread(target=watch, name="bench-trace-slow", daemon=True).start()
-
-    def ask_traced(i: int) -> None:
+    def __call__(self, i: int) -> None:
         before = resource.getrusage(resource.RUSAGE_THREAD)
         t = time.perf_counter()
-        current[0] = (current[0][0] + 1, t)
+        self._current = (self._current[0] + 1, threading.get_ident(), t)
         try:
-            ask(i)
+            self.ask(i)
         finally:
-            current[0] = (current[0][0], None)
+            self._current = (self._current[0], 0, None)
             took = time.perf_counter() - t
-            if took > after:
+            if took > self.after:
                 u = resource.getrusage(resource.RUSAGE_THREAD)
                 cpu = u.ru_utime + u.ru_stime - before.ru_utime - before.ru_stime
-                out.write(f"Counted: {took * 1e3:.1f} ms; cpu {cpu * 1e3:.1f} ms; major faults "
-                          f"{u.ru_majflt - before.ru_majflt}; minor faults {u.ru_minflt - before.ru_minflt}; "
-                          f"involuntary switches {u.ru_nivcsw - before.ru_nivcsw}; voluntary "
-                          f"{u.ru_nvcsw - before.ru_nvcsw}\n")
-                out.flush()
-    return ask_traced
+                self.counted.append(
+                    f"{took * 1e3:.1f} ms; cpu {cpu * 1e3:.1f} ms; major faults {u.ru_majflt - before.ru_majflt}; "
+                    f"minor faults {u.ru_minflt - before.ru_minflt}; involuntary switches "
+                    f"{u.ru_nivcsw - before.ru_nivcsw}; voluntary {u.ru_nvcsw - before.ru_nvcsw}")
+                self.out.write(f"Counted: {self.counted[-1]}\n")
+                self.out.flush()
 
+    def _watch(self) -> None:
+        dumped = 0
+        while True:
+            time.sleep(self.after / 4)
+            n, thread, start = self._current
+            if start is None or n == dumped or time.perf_counter() - start <= self.after:
+                continue
+            dumped = n
+            names = {t.ident: t.name for t in threading.enumerate()}
+            lines = [f"Call {n}, past {self.after * 1e3:g} ms:"]
+            for ident, frame in sys._current_frames().items():
+                stack = traceback.extract_stack(frame)[::-1]  # innermost first
+                if ident == thread:
+                    self.where[" ← ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[:3])] += 1
+                lines.append(f"Thread {names.get(ident, ident)}:")
+                lines += [f'  File "{f.filename}", line {f.lineno} in {f.name}' for f in stack]
+            self.out.write("\n".join(lines) + "\n\n")
+            self.out.flush()
 
-def _stacks(after_ms: float) -> str:
-    """Every thread's Python stack, innermost frame first, in faulthandler's layout (what
-    :func:`bench.operate_report.slow_stacks` reads)."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    lines = [f"Timeout ({after_ms:g} ms)!"]
-    for ident, frame in sys._current_frames().items():
-        lines.append(f"Thread {ident:#x} ({names.get(ident, '?')}) (most recent call first):")
-        stack = reversed(traceback.extract_stack(frame))
-        lines += [f'  File "{f.filename}", line {f.lineno} in {f.name}' for f in stack]
-        lines.append("")
-    return "\n".join(lines) + "\n"
+    def summary(self, top: int = 8) -> list[str]:
+        """Where the query thread was once a call passed the time, and each slow call's
+        ``getrusage``; nothing where no call was slow."""
+        if not self.where and not self.counted:
+            return []
+        L = [f"Where the query thread was once a query passed the trace time ({sum(self.where.values())} stacks):"]
+        L += [f"- {n} × {frames}" for frames, n in self.where.most_common(top)]
+        L += ["", f"What the kernel counted for each of the {len(self.counted)} (the query thread's `getrusage`):"]
+        return L + [f"- {line}" for line in self.counted]
 
 
 def final_in_process(ix, Q) -> dict:

@@ -6,10 +6,6 @@ ticks, the upkeep events (all on ``time.monotonic``, seconds) — and prints mar
 
 from __future__ import annotations
 
-import re
-from collections import Counter
-from pathlib import Path
-
 import numpy as np
 
 
@@ -126,29 +122,6 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, worst: int
         busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
         L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
-
-
-_FRAME = re.compile(r'File "(?:[^"]*/)?([^"/]+)", line (\d+) in (\S+)')
-
-
-def slow_stacks(path: Path, marker: str = "ask_traced", top: int = 8) -> list[str]:
-    """Where the query thread was when a query passed ``--trace-slow`` (``path``: the stacks
-    its watchdog wrote, every thread's per query): its innermost frames, counted; and each slow
-    query's ``getrusage`` line. Nothing where no query was slow."""
-    if not path.exists() or not path.stat().st_size:
-        return []
-    text = path.read_text()
-    where: Counter[str] = Counter()
-    for dump in text.split("Timeout (")[1:]:
-        for thread in dump.split("\nThread ")[1:]:
-            frames = [f"{m[1]}:{m[2]} {m[3]}" for m in _FRAME.finditer(thread)]
-            if any(marker in f for f in frames):  # the query thread: innermost first
-                where[" ← ".join(frames[:3])] += 1
-    counted = [line.removeprefix("Counted: ") for line in text.splitlines() if line.startswith("Counted: ")]
-    L = [f"Where the query thread was once a query passed the trace time ({sum(where.values())} stacks):"]
-    L += [f"- {n} × {frames}" for frames, n in where.most_common(top)]
-    L += ["", f"What the kernel counted for each of the {len(counted)} (the query thread's `getrusage`):"]
-    return L + [f"- {line}" for line in counted]
 
 
 def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, target_deletes: float
