@@ -165,6 +165,8 @@ def check_sparse(indices, values, dim: int | None, field: str = "vector", row: i
             raise bad(SparseIndexError, "indices must be integers") from None
         if not np.all(np.isfinite(as_float)) or np.any(as_float != np.round(as_float)):
             raise bad(SparseIndexError, "indices must be integers")
+        if np.any(np.abs(as_float) >= 2.0**63):
+            raise bad(SparseIndexError, f"index {float(as_float[np.argmax(np.abs(as_float))])} is out of range")
     idx = idx.astype(np.int64, copy=False)
     if idx.shape[0] != val.shape[0]:
         raise bad(SparseIndexError, f"{idx.shape[0]} indices but {val.shape[0]} values; they must pair up")
