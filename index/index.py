@@ -12,16 +12,15 @@ segments, and the search is re-tuned, beside the queries as the index grows
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -53,12 +52,13 @@ from gmmlsh.index.search import (
     sparse_query,
 )
 from gmmlsh.index.served import QuerySample, SharedSample
-from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, Written
+from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, StoreUnavailable, Written
 from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis, open_store
 from gmmlsh.index.upkeep import Upkeep
 from gmmlsh.results import QueryResult, StoredVector
 
 log = logging.getLogger("gmmlsh.index")
+_T = TypeVar("_T")
 
 #: Queries of a batch prepared at once (each holds a float64 buffer of the full dimension).
 _BATCH_CHUNK = 256
@@ -183,13 +183,10 @@ class Index:
         batch over 4 MiB in parts, see :meth:`RedisStore.write`); returns how many ids it wrote (an
         id given twice counts once: its last row wins) and how many of them replaced a stored vector.
 
-        ``searchable``: return once the rows are in this machine's search mirror where its store
-        is :attr:`~gmmlsh.index.store.base.Store.local` (LMDB), so that no query has to apply them
-        (:meth:`view`); a bulk load, which brings the mirror up at its own pace, says False.
-        Split from :meth:`prepare` so a bulk load can hash the next batch while this one is written.
-        """
-        with self._acknowledged(searchable):
-            return self.store.write(batch)
+        ``searchable``: return once the rows are in this machine's search mirror (:meth:`_acknowledged`);
+        a bulk load, which brings the mirror up at its own pace, says False. Split from :meth:`prepare`
+        so a bulk load can hash the next batch while this one is written."""
+        return self._acknowledged(lambda: self.store.write(batch), batch, searchable)
 
     def upsert(self, ids: Sequence[str], X, metadata: Sequence[dict | None] | None = None) -> Written:
         """Insert or replace vectors by id: all rows are validated first, then written all or
@@ -201,22 +198,30 @@ class Index:
         ids = [check_id(i, "ids", n) for n, i in enumerate(ids)]
         if not ids:
             return 0
-        with self._acknowledged():
-            return self.store.delete(ids)
+        return self._acknowledged(lambda: self.store.delete(ids))
 
-    @contextlib.contextmanager
-    def _acknowledged(self, searchable: bool = True) -> Iterator[None]:
-        """Around a write of a local store: the mirror's ``sync`` lock held from before the write
-        until the write is applied to the mirror, so every acknowledged write is in the mirror
-        any query of the machine reads, and a query that sees the store ahead of the mirror finds
-        the lock held: a write not acknowledged yet, which it need not wait for (:meth:`view`).
-        (A Redis index has writers on other machines: there a query brings the mirror up itself.)"""
-        if not (searchable and self.store.local):
-            yield
-            return
-        with self.mirror.locked():
-            yield
-            self._sync()
+    def _acknowledged(self, write: Callable[[], _T], batch: RecordBatch | None = None, searchable: bool = True) -> _T:
+        """``write()``, returned once this machine's search mirror holds it. LMDB: the mirror's
+        ``sync`` lock is held from before the write until it is applied, so a query that sees the
+        store ahead of the mirror finds the lock held: a write not acknowledged yet, which it need
+        not wait for (:meth:`view`). Redis has writers on other machines, whose writes queries
+        apply; this process applies its own after it, from ``batch`` (:func:`read_through`), where
+        its mirror is in use (a process that only writes keeps none): a query here waits for that
+        at most, instead of reading the write back itself (issue 30)."""
+        if not searchable:
+            return write()
+        if self.store.local:
+            with self.mirror.locked():
+                done = write()
+                self._sync()
+                return done
+        done = write()
+        if self.mirror.view.token is not None:
+            try:
+                self._sync(written=(done.iids, batch) if batch is not None else None)
+            except StoreUnavailable as exc:  # the write is stored: a query applies it once Redis answers
+                log.warning("a write was stored but not put into the search mirror: %s", exc)
+        return done
 
     # --- reads -------------------------------------------------------------------------------
     def count(self) -> int:
@@ -267,12 +272,13 @@ class Index:
             self.upkeep.poke(view)
         return view
 
-    def _sync(self, wait: bool = True) -> tuple[View, bool]:
+    def _sync(self, wait: bool = True, written: tuple[np.ndarray, RecordBatch] | None = None) -> tuple[View, bool]:
         """(the mirror brought up to the store, True); or, where it cannot take the changes (its
         disk is full), (the mirror as it is, False): reads go on from what it holds, and
-        :meth:`read_problem` says so. ``wait`` False: the mirror as it is if another is syncing it."""
+        :meth:`read_problem` says so. ``wait`` False: the mirror as it is if another is syncing it;
+        ``written``: see :meth:`Mirror.sync`."""
         try:
-            view = self.mirror.sync(self.store, wait=wait)
+            view = self.mirror.sync(self.store, wait=wait, written=written)
         except (DiskFull, OSError) as exc:
             if not isinstance(exc, DiskFull) and exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -519,8 +525,7 @@ class Index:
         if not rows.shape[0]:
             return 0
         names = view.names_of(rows.tolist())
-        with self._acknowledged():
-            return self.store.delete(names, expect=view.iid[rows].astype(np.int64))
+        return self._acknowledged(lambda: self.store.delete(names, expect=view.iid[rows].astype(np.int64)))
 
     # --- upkeep --------------------------------------------------------------------------------------
     def maintain(self, queries=None) -> dict:

@@ -49,7 +49,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +65,7 @@ from gmmlsh.index.columns import Blobs, Column, gather, populate
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.records import stored_payloads
 from gmmlsh.index.segments import Arenas, Fit
-from gmmlsh.index.store.base import Store
+from gmmlsh.index.store.base import RecordBatch, Store, read_through
 from gmmlsh.index.store.location import is_redis
 
 #: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
@@ -390,9 +390,11 @@ class Mirror:
         )
 
     # --- following the store ------------------------------------------------------------
-    def sync(self, store: Store, wait: bool = True) -> View:
+    def sync(self, store: Store, wait: bool = True, written: tuple[np.ndarray, RecordBatch] | None = None) -> View:
         """Bring the mirror up to the store's current token (no-op if it is there); ``wait``
-        False: the current view at once if another thread or process is syncing it."""
+        False: the current view at once if another thread or process is syncing it. ``written``:
+        a batch this process has just written, with its iids (:attr:`Written.iids`), taken from
+        here rather than read back (:func:`read_through`)."""
         with self.locked(blocking=wait) as mine:
             if not mine:
                 return self.refresh()
@@ -402,11 +404,13 @@ class Mirror:
                 fresh = getattr(store, "token_fresh", None)  # a cached token older than the mirror?
                 now = fresh() if fresh is not None else now
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
-                state = self._went_back(store, state, now)
+                state, written = self._went_back(store, state, now), None
             if state["token"] is None or tuple(state["token"]) != now:
                 changes = store.changes(None if state["token"] is None else tuple(state["token"]))
-                state, changes = self._lost_tails(store, state, changes)
-                rows = self._append(store, changes.added, state["rows"])
+                state, kept = self._lost_tails(store, state, changes)
+                read = read_through(store, written if kept is changes else None)  # lost writes: all read again
+                changes = kept
+                rows = self._append(read, changes.added, state["rows"])
                 retired = self._retire(changes.retired, rows)
                 state.update(rows=rows, token=list(changes.token),
                              live=state["live"] + rows - state["rows"] - retired)
@@ -454,13 +458,14 @@ class Mirror:
         self._arenas = None
         return self._read_state()
 
-    def _append(self, store: Store, iids: np.ndarray, rows: int) -> int:
-        """Read the records of ``iids`` and append those still stored; returns the new row count."""
+    def _append(self, read: Callable[[np.ndarray, Sequence[str]], dict], iids: np.ndarray, rows: int) -> int:
+        """Read the records of ``iids`` (``read``: a store's :meth:`~Store.read`) and append those
+        still stored; returns the new row count."""
         cfg = self.config
         fields = ["name", "vector", "sketch", "meta"] + (["nrff"] if cfg.nrff_k else [])
         for lo in range(0, iids.shape[0], _READ_BATCH):
             part = iids[lo:lo + _READ_BATCH]
-            rec = store.read(part, fields)
+            rec = read(part, fields)
             keep = [i for i, v in enumerate(rec["vector"]) if v is not None]
             if not keep:
                 continue

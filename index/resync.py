@@ -48,7 +48,7 @@ def went_back(mirror, store, state: dict, now: tuple, lost: list[int] | None = N
     present = np.concatenate(found) if found else np.zeros(0, np.int64)
     present = present[present // S < np.array([top[int(s)] for s in present % S], dtype=np.int64)] \
         if present.shape[0] else present  # newer ones come through the feed from the new token
-    added = mirror._append(store, np.sort(present), rows) - rows
+    added = mirror._append(store.read, np.sort(present), rows) - rows
     token = list(old)
     for i in back:
         token[2 * i], token[2 * i + 1] = now[2 * i], now[2 * i + 1]

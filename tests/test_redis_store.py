@@ -225,6 +225,61 @@ def test_a_write_a_read_and_a_token_are_one_round_trip_each(redis_url, redis_pre
     st.close()
 
 
+@pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])
+def test_a_write_says_under_which_iid_each_row_was_stored(server, redis_prefix, rng, request):  # noqa: F811
+    """``Written.iids`` (what lets a process put its own write into its mirror without reading it
+    back) agrees with the id map, on one server and on a Cluster: new ids, replacements, an id
+    given twice (its earlier row was not stored: -1)."""
+    st = RedisStore(request.getfixturevalue(server), prefix=redis_prefix)
+    st.write(make_batch([f"w{i}" for i in range(100)], rng)[0])
+    ids = [f"w{i}" for i in range(50, 250)] + ["w60"]
+    batch = make_batch(ids, rng)[0]
+    written = st.write(batch)
+    last = batch.last_rows()
+    assert written.iids.shape == (len(ids),) and (np.delete(written.iids, last) == -1).all()
+    np.testing.assert_array_equal(written.iids[last], st.lookup([ids[r] for r in last]))
+    got = st.read(written.iids[last], ["name", "vector", "sketch", "meta"])
+    for p, r in enumerate(last):
+        assert {f: got[f][p] for f in got} == {f: v for f, v in batch.stored(r).items() if f != "nrff"}
+    st.close()
+
+
+def test_a_redis_write_is_in_its_own_mirror_when_it_returns_without_being_read_back(  # noqa: F811
+        redis_url, redis_prefix, tmp_path, monkeypatch):  # noqa: F811
+    """A process whose search mirror is in use applies its own Redis write before it returns,
+    from the batch it holds, with the writes of other machines it finds (those read back): the
+    next query here finds nothing to apply (issue 30). A process that only writes keeps no mirror."""
+    from gmmlsh.index.config import IndexConfig
+    from gmmlsh.index.index import Index
+
+    X = np.random.default_rng(5).random((210, 8)).astype(np.float32)
+    with (Index.open(redis_url, IndexConfig(dim=8), prefix=redis_prefix, cache_dir=tmp_path / "a",
+                     maintain=False) as a,
+          Index.open(redis_url, prefix=redis_prefix, cache_dir=tmp_path / "b", maintain=False) as b):
+        a.upsert([f"v{i}" for i in range(200)], X[:200], [{"n": i} for i in range(200)])
+        b.upsert(["v5", "w0"], X[200:202])  # another machine's writes, and b only writes
+        b.delete(["v6"])
+        assert a.mirror.refresh().token is None and b.mirror.refresh().token is None
+        a.view()  # a's mirror in use from now on
+        read: list[int] = []
+        real = a.store.read
+        monkeypatch.setattr(a.store, "read", lambda iids, fields: read.extend(np.asarray(iids).tolist())
+                            or real(iids, fields))
+        written = a.upsert(["v7", "w1", "w2", "w1", "v5"], X[202:207], [None, {"m": 1}, None, {"m": 2}, None])
+        assert tuple(a.mirror.refresh().token) == a.store.token()
+        assert read == []  # nothing to read back: b's writes were applied by a.view()
+        b.upsert(["w3", "v8"], X[207:209])
+        b.delete(["w2"])
+        written = a.upsert(["v9", "w4"], X[[209, 0]])
+        assert tuple(a.mirror.refresh().token) == a.store.token()
+        assert sorted(read) == sorted(a.store.lookup(["w3", "v8"]).tolist())  # b's rows only
+        assert not set(read) & set(written.iids.tolist())
+        report = a.check()
+        assert report.ok and report.mirror_behind == 0, report
+        assert a.query(X[1], k=3, mode="exact").neighbors[0].id == "v1" and a.get("w1").metadata == {"m": 2}
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").rglob("state.json"))
+
+
 # --- processes --------------------------------------------------------------------------------
 
 

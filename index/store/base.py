@@ -80,6 +80,12 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def stored(self, row: int) -> dict[str, bytes | None]:
+        """Row ``row``'s fields as :meth:`Store.read` gives them back (None: a field not stored)."""
+        return {"name": self.ids[row].encode(), "vector": self.vectors[row], "sketch": self.sketches[row].tobytes(),
+                "nrff": self.nrff[row].tobytes() if self.nrff is not None else None,
+                "meta": self.meta[row] if self.meta is not None else None}
+
     def last_rows(self) -> np.ndarray:
         """Rows that survive "the last occurrence of an id wins", ascending."""
         last = {ext_id: i for i, ext_id in enumerate(self.ids)}
@@ -88,10 +94,14 @@ class RecordBatch:
 
 class Written(NamedTuple):
     """What a write did: ``vectors`` ids written (an id given twice in a batch counts once: its
-    last row wins), ``replaced`` of them held a vector before (which the write replaced)."""
+    last row wins), ``replaced`` of them held a vector before (which the write replaced); where
+    the store says, ``iids``: the iid each row of the batch was stored under (-1 for a row a later
+    one of the same id overrode), so this process can put its own write into its search mirror
+    without reading it back (:meth:`gmmlsh.index.mirror.Mirror.sync`)."""
 
     vectors: int
     replaced: int
+    iids: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -179,3 +189,33 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections / the environment (idempotent)."""
+
+
+def read_through(store: Store, written: tuple[np.ndarray, RecordBatch] | None
+                 ) -> Callable[[np.ndarray, Sequence[str]], dict[str, list[bytes | None]]]:
+    """``store.read``, for a process that has just written a batch (``written``: the iid of each of
+    its rows, as :attr:`Written.iids` says, and the batch): the records it holds are taken from
+    the batch, the rest read. A record never changes under its iid, so the two agree; one retired
+    since comes back all the same, and the feed's retirement of it clears it where it is used."""
+    if written is None or written[0] is None:
+        return store.read
+    row_of = {i: r for r, i in enumerate(written[0].tolist()) if i >= 0}
+    batch = written[1]
+
+    def read(iids: np.ndarray, fields: Sequence[str]) -> dict[str, list[bytes | None]]:
+        a = np.asarray(iids, dtype=np.int64).tolist()
+        out: dict[str, list[bytes | None]] = {f: [None] * len(a) for f in fields}
+        miss = [p for p, i in enumerate(a) if i not in row_of]
+        if miss:
+            got = store.read(np.asarray(iids)[miss], fields)
+            for f in fields:
+                for p, v in zip(miss, got[f], strict=True):
+                    out[f][p] = v
+        for p, i in enumerate(a):
+            if i in row_of:
+                rec = batch.stored(row_of[i])
+                for f in fields:
+                    out[f][p] = rec[f]
+        return out
+
+    return read

@@ -300,7 +300,11 @@ class RedisStore:
         failed = [r for r in results if isinstance(r, Exception)]
         if not failed:
             self._room_watch.written()
-            return Written(int(rows.shape[0]), int(sum(results)))
+            iids = np.full(len(batch), -1, dtype=np.int64)
+            for call, reply in zip(calls, results, strict=True):
+                for (s, members), first in zip(call, reply[2:], strict=True):
+                    iids[members] = (int(first) + np.arange(len(members))) * S + s
+            return Written(int(rows.shape[0]), sum(int(r[0]) for r in results), iids)
         err = translate(failed[0], self.url)
         if isinstance(err, DiskFull):
             self._room_watch.refused(self._memory, self._on_cluster)
@@ -326,12 +330,13 @@ class RedisStore:
         args = [S, layout.CHUNK_BIG, layout.CHUNK_SMALL]
         commands = [self._script_call("delete", self._shard_keys(s), [*args, self._tag(s), flag, *members])
                     for s, members in by_shard.items()]
-        return int(sum(self._bumped(commands)))
+        return sum(int(r[0]) for r in self._bumped(commands))
 
     def _bumped(self, commands: list[tuple], errors: bool = False) -> list[Any]:
         """Run write scripts (made by :meth:`_script_call`), the epoch bumped after them (why:
-        :mod:`gmmlsh.index.store.redis_tokens`); the scripts' own values (with ``errors``, a command's error in its
-        place, as :meth:`_pipeline` leaves it). On one server each script bumps it as its last
+        :mod:`gmmlsh.index.store.redis_tokens`); the scripts' replies (``{value, epoch, ...}``: see
+        ``bumped`` in ``lua/shard.lua``; with ``errors``, a command's error in its place, as
+        :meth:`_pipeline` leaves it). On one server each script bumps it as its last
         step (a full Redis lets a script that has written finish, but refuses an ``INCR`` sent on
         its own); on a Cluster a script's keys share one slot, so the ``INCR`` follows once the
         scripts' nodes have answered. When writes wait for replicas, the scripts and the
@@ -352,7 +357,7 @@ class RedisStore:
             self._local.epoch = max(int(r[1]) for r in done)
         if short is not None:
             raise short
-        return [r if isinstance(r, Exception) else int(r[0]) for r in replies]
+        return replies
 
     def _writes(self, commands: list[tuple], errors: bool = False) -> list[Any]:
         """Write commands in one round trip (:meth:`_pipeline`), or, when writes wait for

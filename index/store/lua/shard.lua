@@ -28,8 +28,10 @@ end
 -- The script's reply: its own value and the index's epoch, bumped last where the caller gave
 -- the epoch key as the last of KEYS (one server: a script that has written runs to its end even
 -- in a full Redis, which refuses an INCR sent on its own after it), else 0 (a Cluster bumps it
--- in a command of its own: a script's keys share one slot).
-local function bumped(value, nkeys)
-  if #KEYS > nkeys then return {value, redis.call('INCR', KEYS[#KEYS])} end
-  return {value, 0}
+-- in a command of its own: a script's keys share one slot); then the values of extra, if given.
+local function bumped(value, nkeys, extra)
+  local out = {value, 0}
+  if #KEYS > nkeys then out[2] = redis.call('INCR', KEYS[#KEYS]) end
+  for _, x in ipairs(extra or {}) do out[#out + 1] = x end
+  return out
 end

@@ -6,7 +6,8 @@
 --       number m of its records, then 5 per record: name, vector, sketch, nrff ('' = none),
 --       meta ('' = none)
 -- KEYS, last and optional: the index's epoch key (see bumped in shard.lua).
--- Returns {how many of the names held a vector before (were replaced), the epoch or 0}.
+-- Returns {how many of the names held a vector before (were replaced), the epoch or 0, then
+-- each section's first sequence number}: its j-th record's iid is (first + j) * S + s.
 -- One call is all or nothing, a full Redis included: under maxmemory with noeviction, Redis
 -- refuses a script's first write that needs memory, and lets a script that has written go on.
 local function hset(key, kv)  -- in slices: unpack() is bounded by Lua's C stack
@@ -25,8 +26,9 @@ while a <= #ARGV do
   a = sec.at + 5 * sec.m
 end
 
-local replaced = 0
+local replaced, firsts = 0, {}
 for _, sec in ipairs(sections) do
+  firsts[#firsts + 1] = sec.first
   local TAG, K = sec.tag, sec.keys
   local staged, order = {}, {}
   local function put(seq, fam, blob)
@@ -59,4 +61,4 @@ for _, sec in ipairs(sections) do
   if retired > 0 then redis.call('INCRBY', KEYS[K + 5], retired) end
   replaced = replaced + retired
 end
-return bumped(replaced, 5 * #sections)
+return bumped(replaced, 5 * #sections, firsts)
