@@ -6,7 +6,8 @@ Starts a throwaway ``redis-server`` on a free loopback port. Reports insert
 vectors/s (``upsert`` batches of 1,000, and the bulk load ``gmmlsh build`` runs:
 chunks of 1,000 from a .npy, the next chunk hashed while one is written) and
 queries/s on both backends, Redis memory per
-vector (INFO used_memory) against the raw vector + sketch bytes, and
+vector (INFO used_memory) against the raw vector + sketch bytes, what putting a
+500-row write into the search mirror costs (from the batch, or read back), and
 datasketch ``MinHashLSH`` (Redis storage, its ``WeightedMinHash`` on the
 sign-split vectors) beside gmmlsh on the same subset (default 10,000 vectors;
 datasketch hashes ~230 vectors/s): inserts/s, queries/s, deletes/s, memory per
@@ -170,6 +171,30 @@ def ours(url: str, X: np.ndarray, Q: np.ndarray, truth: np.ndarray, prefix: str)
     return out
 
 
+def apply_cost(url: str, X: np.ndarray, rounds: int = 30) -> dict:
+    """Milliseconds to put a 500-row write (half replacements) into the search mirror: by the
+    process that wrote it, from the batch it holds, against by another process that reads it
+    back (as a query on another machine, or before issue 30's change on this one, does)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with (Index.open(url, IndexConfig(dim=784), prefix="apply", cache_dir=Path(tmp) / "w", maintain=False) as w,
+              Index.open(url, prefix="apply", cache_dir=Path(tmp) / "r", maintain=False) as r):
+            base = X.shape[0] - 500 * rounds
+            w.write(w.prepare([str(i) for i in range(base)], X[:base]), searchable=False)
+            w.view()
+            r.view()
+            own, back = [], []
+            for lo in range(base, X.shape[0], 500):
+                batch = w.prepare([str(i) for i in range(lo - 250, lo + 250)], X[lo:lo + 500])
+                done = w.store.write(batch)
+                t = time.perf_counter()
+                w.mirror.sync(w.store, written=(done.iids, batch))
+                own.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                r.mirror.sync(r.store)
+                back.append(time.perf_counter() - t)
+    return {"own_ms": 1e3 * float(np.median(own)), "back_ms": 1e3 * float(np.median(back)), "rows": X.shape[0]}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="10,000 vectors, 200 queries, small peer run")
@@ -198,6 +223,8 @@ def main(argv=None) -> None:
         lm["bulk"] = bulk_load(str(work / "lmdb-bulk"), npy)
         rd["bulk"] = bulk_load(url, npy, prefix="bulk")
         redis.Redis.from_url(url).flushall()
+        applied = apply_cost(url, X[:20_000] if not a.quick else X[:5_000])
+        redis.Redis.from_url(url).flushall()
         lines += [
             "| backend | inserts/s (upsert batches of 1,000) | lists + tuning after them (s) | bulk load/s (build, "
             "chunks of 1,000, lists and tuning included) | warm-up (s) | queries/s warm (1 thread) | queries/s, "
@@ -213,6 +240,9 @@ def main(argv=None) -> None:
             "",
             f"- Redis queries/s = {rd['qps'] / lm['qps']:.0%} of LMDB's",
             f"- Redis memory per vector: {mem:,.0f} bytes (raw vector + sketch: {raw:,} bytes; ratio {mem / raw:.2f})",
+            f"- A 500-row write (half replacements) put into the search mirror, up to {applied['rows']:,} rows: by the "
+            f"process that wrote it, from the batch, {applied['own_ms']:.1f} ms at the median; read back by another "
+            f"process, {applied['back_ms']:.1f} ms",
         ]
         if not a.no_peer:
             Xp, Sp = X[:n_peer], S[:, :n_peer]
