@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -187,11 +188,12 @@ def test_a_worker_keeps_its_slow_lane_while_its_fast_lane_works(tmp_path, fmnist
             for q in Q[:tuner.MIN_QUERIES]:
                 ix.query(q, k=10)
             ix.flush_served()
-            deadline = threading.Event()
-            while not ix.view().tuned_on_queries and worker.is_alive():
-                ix.upsert(_ids(at, at + 100), X[at:at + 100])  # the writer goes on
-                at += 100
-                deadline.wait(0.2)
+            deadline = time.monotonic() + 60
+            while not ix.view().tuned_on_queries and worker.is_alive() and time.monotonic() < deadline:
+                rows = np.arange(at, at + segments.TAIL_ROWS)  # the writer goes on, the fast lane busy as before
+                ix.upsert(_ids(at, at + segments.TAIL_ROWS), X[rows % X.shape[0]])
+                at += segments.TAIL_ROWS
+                threading.Event().wait(idle / 2)
             assert ix.view().tuned_on_queries, "the worker stopped its slow lane while the fast lane worked"
             kinds = [e["kind"] for e in ix.upkeep.events]
             assert "absorb" in kinds and "tune" in kinds
