@@ -15,10 +15,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,7 +49,7 @@ from gmmlsh.index.search import (
     prepare_vectors,
     sparse_query,
 )
-from gmmlsh.index.served import QuerySample, SharedSample
+from gmmlsh.index.served import Flusher, QuerySample, SharedSample
 from gmmlsh.index.store.base import ConfigConflict, DiskFull, RecordBatch, Store, StoreUnavailable, Written
 from gmmlsh.index.store.location import DEFAULT_PREFIX, is_redis, open_store
 from gmmlsh.index.upkeep import Upkeep
@@ -101,7 +99,7 @@ class Index:
         self.shared = SharedSample(self.mirror.dir, config.dim)
         #: The recall monitor's share of this process's served queries (:mod:`gmmlsh.index.monitor`).
         self.recorder = monitor.Recorder(self.mirror.dir, monitor_budget)
-        self._flusher, self._flushing = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-flush"), threading.Lock()
+        self._flusher = Flusher(self._flush_due, (self.flush_served, self.flush_recorded))
         #: How to open this index again (a worker process running its upkeep does).
         self.open_args: dict = {}
         #: Metadata fields filters read (built as they are first used; ``indexed`` ones at once).
@@ -440,35 +438,11 @@ class Index:
         """After an answer: upkeep told of the view, the served and recorded queries handed on when due."""
         if self._auto:
             self.upkeep.poke(view)
-        if any(self._flush_due()):
-            self._hand_off()
+        self._flusher.poke()
         return out
 
     def _flush_due(self) -> tuple[bool, bool]:  # (the served sample, the recorded queries)
         return self.served.due(eager=self.shared.held < tuner.MIN_QUERIES), self.recorder.due()
-
-    def _hand_off(self) -> None:
-        """Flush what is due on the flusher's thread, never a query's time; a query finding a
-        hand-off under way leaves it be (it looks again once done)."""
-        if self._flushing.acquire(blocking=False):
-            try:
-                self._flusher.submit(self._flush_both)
-            except RuntimeError:  # closed: close() has flushed what there was
-                self._flushing.release()
-
-    def _flush_both(self) -> None:
-        """Flush what is due; again if more came due meanwhile, unless another hand-off took over."""
-        while True:
-            served, recorded = self._flush_due()
-            try:
-                if served:
-                    self.flush_served()
-                if recorded:
-                    self.flush_recorded()
-            finally:
-                self._flushing.release()
-            if not any(self._flush_due()) or not self._flushing.acquire(blocking=False):
-                return
 
     def flush_served(self) -> None:
         """Merge the queries this process served into the index's shared sample."""
@@ -588,7 +562,7 @@ class Index:
     def close(self) -> None:
         """Close the store; what this process wrote to the search mirror is put on disk first."""
         try:
-            self._flusher.shutdown(wait=True)  # a hand-off under way ends before the last flush
+            self._flusher.shutdown()  # a hand-off under way ends before the last flush
             self.flush_served()
             self.flush_recorded()
             if self.mirror.written:

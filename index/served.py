@@ -18,6 +18,8 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +72,40 @@ class QuerySample:
             out = self.seen, self.rows
             self.seen, self.rows, self.flushed_at = 0, [], time.monotonic()
         return out
+
+
+class Flusher:
+    """Runs the flushes that are due on a thread of its own, never a query's time: ``due()``
+    says which of ``flushes`` are; one hand-off at a time, again while more came due, and a
+    query finding one under way leaves it be (it looks again once done)."""
+
+    def __init__(self, due: Callable[[], tuple[bool, ...]], flushes: tuple[Callable[[], None], ...]):
+        self._due, self._flushes = due, flushes
+        self._pool, self._lock = ThreadPoolExecutor(1, thread_name_prefix="gmmlsh-flush"), threading.Lock()
+
+    def poke(self) -> None:
+        """Hand off the flushes if any is due."""
+        if any(self._due()) and self._lock.acquire(blocking=False):
+            try:
+                self._pool.submit(self._run)
+            except RuntimeError:  # shut down: the closer flushes what there was
+                self._lock.release()
+
+    def _run(self) -> None:
+        while True:
+            due = self._due()
+            try:
+                for flush, now in zip(self._flushes, due, strict=True):
+                    if now:
+                        flush()
+            finally:
+                self._lock.release()
+            if not any(self._due()) or not self._lock.acquire(blocking=False):
+                return
+
+    def shutdown(self) -> None:
+        """Wait for a hand-off under way; none starts after."""
+        self._pool.shutdown(wait=True)
 
 
 def merge(a: tuple[int, list], b: tuple[int, list], size: int = SIZE, rng: random.Random | None = None

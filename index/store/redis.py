@@ -23,7 +23,6 @@ fresh iids (idempotent by id); a replayed delete may under-count what it removed
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import threading
@@ -50,30 +49,14 @@ from gmmlsh.index.store.base import (
     Written,
 )
 from gmmlsh.index.store.location import DEFAULT_PREFIX, REDIS_SCHEMES, WAIT_TIMEOUT, is_redis, mask_url
-from gmmlsh.index.store.redis_errors import UNAVAILABLE, out_of_memory, translate
+from gmmlsh.index.store.redis_errors import guarded as _guarded  # RedisStore has a method "guarded"
+from gmmlsh.index.store.redis_errors import out_of_memory, translate
 from gmmlsh.index.store.redis_room import RoomWatch
 from gmmlsh.index.store.redis_wait import NotReplicated, ReplicatedWrites
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 #: Fields every stored record has (NRFF features and metadata may be absent).
 _ALWAYS = ("name", "vector", "sketch")
-
-
-def _guarded(fn: Callable) -> Callable:
-    """Redis failures as the store's exceptions, with the password masked."""
-
-    @functools.wraps(fn)
-    def wrapper(self: RedisStore, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(self, *args, **kwargs)
-        except StoreError:
-            raise
-        except (*UNAVAILABLE, RedisError) as e:
-            if isinstance(e, UNAVAILABLE):
-                self._relearn_slots()
-            raise translate(e, self.url) from None
-
-    return wrapper
 
 
 class RedisStore:
@@ -279,14 +262,11 @@ class RedisStore:
             return Written(0, 0)
         self._room_watch.check_policy(self._memory, self._on_cluster)  # an evicting Redis is refused
         S = self.shards
-        sk = np.asarray(batch.sketches)
-        nrff = np.asarray(batch.nrff, dtype=np.float32) if batch.nrff is not None else None
         records: dict[int, list] = {}
         by_shard: dict[int, list[int]] = defaultdict(list)
         for i in rows.tolist():
-            meta = batch.meta[i] if batch.meta is not None else None
-            records[i] = [batch.ids[i], batch.vectors[i], sk[i].tobytes(),
-                          nrff[i].tobytes() if nrff is not None else b"", meta or b""]
+            rec = batch.stored(i)  # a field not stored goes as '' (the script stores none)
+            records[i] = [rec["name"], rec["vector"], rec["sketch"], rec["nrff"] or b"", rec["meta"] or b""]
             by_shard[self._shard_of(batch.ids[i], S)].append(i)
         calls = layout.scripts_of(by_shard, {i: sum(map(len, rec)) for i, rec in records.items()}, self._cluster)
         commands = []

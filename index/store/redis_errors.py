@@ -6,6 +6,10 @@ message as it is), each with the URL's password masked.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import redis
 from redis.exceptions import OutOfMemoryError, ResponseError
 
@@ -38,3 +42,21 @@ def translate(e: BaseException, url: str) -> StoreError:
             return StoreError(text.split("GMMLSH", 1)[1].strip())
         return StoreError(f"Redis at {mask_url(url)} refused a command: {text}")
     return StoreUnavailable(f"Redis at {mask_url(url)} unavailable: {type(e).__name__}: {text}")
+
+
+def guarded(fn: Callable) -> Callable:
+    """A store method whose Redis failures come out as the store's exceptions, with the
+    password masked; a lost connection first makes a Cluster store learn its slots again."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except StoreError:
+            raise
+        except (*UNAVAILABLE, redis.exceptions.RedisError) as e:
+            if isinstance(e, UNAVAILABLE):
+                self._relearn_slots()
+            raise translate(e, self.url) from None
+
+    return wrapper
