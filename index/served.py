@@ -103,6 +103,10 @@ class Flusher:
             if not any(self._due()) or not self._lock.acquire(blocking=False):
                 return
 
+    def wait(self, timeout: float | None = None) -> None:
+        """Return once the hand-off under way, if any, is done."""
+        self._pool.submit(lambda: None).result(timeout)
+
     def shutdown(self) -> None:
         """Wait for a hand-off under way; none starts after."""
         self._pool.shutdown(wait=True)

@@ -228,5 +228,5 @@ def test_served_queries_are_saved_off_the_query_thread(built, data, monkeypatch)
             ix.query(q)
         assert calls == ["gmmlsh-flush_0"]
         release.set()
-        ix._flusher.submit(lambda: None).result(10)
+        ix._flusher.wait(10)
         assert ix.shared.count() >= served.FLUSH_QUERIES
