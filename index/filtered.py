@@ -38,7 +38,7 @@ from gmmlsh.index.config import (
     SearchParams,
 )
 from gmmlsh.index.filters import Filter, MetaColumns
-from gmmlsh.index.search import answer, found_by, restricted, run, run_sketch
+from gmmlsh.index.search import answer, found_by, run, run_sketch
 from gmmlsh.results import QueryResult
 
 
@@ -124,7 +124,7 @@ def run_filtered(view, qs, k: int, mode: str, min_similarity: float, params: Sea
     """Answers to prepared queries among the rows that pass ``flt`` (see the module docstring)."""
     alive, rows = matching(view, flt, columns)
     m = int(rows.shape[0])
-    fview = restricted(view, alive, m)
+    fview = view.restricted(alive, m)
     if mode == "nrff":
         return run(fview, qs, k, mode, min_similarity, params, config)
     if m <= FILTER_EXACT_ROWS:  # few rows pass: all of them scored exactly (the exact filtered answer)

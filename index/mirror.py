@@ -50,7 +50,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +154,11 @@ class View:
 
     def metadata_of(self, rows: list[int]) -> list[bytes | None]:
         return [b or None for b in gather(*self.meta, rows)]
+
+    def restricted(self, alive: np.ndarray, live: int) -> View:
+        """The view with other live flags (a filter's: live *and* passing; or a copy of its
+        own): every search of it reads only the rows they flag."""
+        return replace(self, alive=alive, live=live, row_bundle=self.row_bundle._replace(alive=frozen(alive)))
 
     def live_rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """The rows in ``[lo, hi)`` (default: all the view's) live now, read from a copy of their
@@ -340,6 +345,16 @@ class Mirror:
                 if self._stamp() != self._state_stamp:
                     self.view = self._load()
         return self.view
+
+    def settled(self) -> View:
+        """The current view with its live flags copied while no write is being applied. A view's
+        flags are the mapped column itself, and a sync retires a replaced id's old row before it
+        publishes the row count that takes in its new one: read in between, the id is live in
+        neither row. What must see every stored id exactly once (a scroll) reads this copy."""
+        with self.locked():
+            view = self.refresh()
+            alive = np.array(view.alive[:view.rows])
+        return view.restricted(alive, view.live)
 
     def _fit(self, name: str) -> Arenas:
         """The arenas of the fit ``name`` (kept mapped while it stays the published one)."""

@@ -59,7 +59,7 @@ from gmmlsh.core.bundles import Query
 from gmmlsh.core.ivf import FIRST_WORDS
 from gmmlsh.index import tuner
 from gmmlsh.index.mirror import View
-from gmmlsh.index.search import Prepared, restricted, run_exact_many
+from gmmlsh.index.search import Prepared, run_exact_many
 
 log = logging.getLogger("gmmlsh.monitor")
 
@@ -406,7 +406,7 @@ class Checker:
         for rows, members in by_rows.items():
             alive = np.array(view.alive[:view.rows])
             alive[rows:] = 0
-            then = restricted(view, alive, int(np.count_nonzero(alive)))
+            then = view.restricted(alive, int(np.count_nonzero(alive)))
             qs = [self._prepared(then, batch[i]) for i in members]
             for i, (_, sims, _) in zip(members, run_exact_many(then, qs, tuner.NEIGHBORS), strict=True):
                 out[i] = served_recall(batch[i]["sims"], sims)

@@ -22,7 +22,7 @@ import orjson
 import scipy.sparse as sp
 
 from gmmlsh.core import nrff
-from gmmlsh.core.bundles import Budget, Query, frozen
+from gmmlsh.core.bundles import Budget, Query
 from gmmlsh.core.codes import bit_planes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import spread
@@ -380,10 +380,3 @@ def run(view: View, qs: list[Prepared], k: int, mode: str, min_similarity: float
     """Answers to prepared queries by the search ``mode`` names."""
     return [answer(view, mode, k, rows, sims, scored, min_similarity)
             for rows, sims, scored in found_by(view, qs, k, mode, params, config)]
-
-
-def restricted(view: View, alive: np.ndarray, live: int) -> View:
-    """The view with other live flags (a filter's: live *and* passing): every search of it
-    reads only the rows they flag."""
-    return replace(view, alive=alive, live=live, row_bundle=view.row_bundle._replace(alive=frozen(alive)))
-

@@ -45,7 +45,6 @@ from gmmlsh.index.search import (
     Prepared,
     prepare_row,
     prepare_vectors,
-    restricted,
     run_exact,
     run_exact_many,
     run_postings,
@@ -471,7 +470,7 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     # The live flags as they are now, held still: rows retired while the tuning runs (a writer
     # replacing 1,000 rows a second) would otherwise be in the truth and out of every trial's reach.
     alive = np.array(view.alive[:view.rows])
-    view = restricted(view, alive, int(np.count_nonzero(alive)))
+    view = view.restricted(alive, int(np.count_nonzero(alive)))
     qs, source = _sample(view, config, queries or (len(served) if served else QUERIES), seed, served)
     if target is None:
         target = TARGET_RECALL + (0.0 if served else STORED_MARGIN)
