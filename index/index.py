@@ -199,24 +199,28 @@ class Index:
         return self._acknowledged(lambda: self.store.delete(ids))
 
     def _acknowledged(self, write: Callable[[], _T], batch: RecordBatch | None = None, searchable: bool = True) -> _T:
-        """``write()``, returned once this machine's search mirror holds it. LMDB: the mirror's
-        ``sync`` lock is held from before the write until it is applied, so a query that sees the
-        store ahead of the mirror finds the lock held: a write not acknowledged yet, which it need
-        not wait for (:meth:`view`). Redis has writers on other machines, whose writes queries
-        apply; this process applies its own after it, from ``batch`` (:func:`read_through`), where
-        its mirror is in use (a process that only writes keeps none): a query here waits for that
-        at most, instead of reading the write back itself (issue 30)."""
+        """``write()``, returned once this machine's search mirror holds it, put there from
+        ``batch`` (:func:`read_through`), not read back. LMDB: the mirror's ``sync`` lock is held
+        from before the write until it is applied, so a query that sees the store ahead of the
+        mirror finds the lock held: a write not acknowledged yet, which it need not wait for
+        (:meth:`view`). Redis has writers on other machines, whose writes queries apply; this
+        process applies its own after it, where its mirror is in use (a process that only writes
+        keeps none): a query here waits for that at most (issue 30)."""
         if not searchable:
             return write()
+
+        def applied(done):
+            return (done.iids, batch) if batch is not None else None
+
         if self.store.local:
             with self.mirror.locked():
                 done = write()
-                self._sync()
+                self._sync(written=applied(done))
                 return done
         done = write()
         if self.mirror.view.token is not None:
             try:
-                self._sync(written=(done.iids, batch) if batch is not None else None)
+                self._sync(written=applied(done))
             except StoreUnavailable as exc:  # the write is stored: a query applies it once Redis answers
                 log.warning("a write was stored but not put into the search mirror: %s", exc)
         return done

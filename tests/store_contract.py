@@ -98,6 +98,19 @@ class StoreContract:
         assert got[0]["nrff"] is None and got[0]["meta"] is None
         assert all(v is None for r in got[2:] for v in r.values())
 
+    def test_a_write_says_under_which_iid_each_row_was_stored(self, store, rng):
+        """``Written.iids`` (what lets a process put its own write into its mirror without reading
+        it back) agrees with the id map: new ids, replacements, an id given twice (its earlier row
+        was not stored: -1); the records stored are the batch's rows as ``stored`` gives them."""
+        store.write(make_batch([f"w{i}" for i in range(100)], rng)[0])
+        ids = [f"w{i}" for i in range(50, 250)] + ["w60"]
+        batch = make_batch(ids, rng)[0]
+        written = store.write(batch)
+        last = batch.last_rows()
+        assert written.iids.shape == (len(ids),) and (np.delete(written.iids, last) == -1).all()
+        np.testing.assert_array_equal(written.iids[last], store.lookup([ids[r] for r in last]))
+        assert read_all(store, written.iids[last]) == [batch.stored(r) for r in last]
+
     def test_upsert_retires_the_old_version(self, store, rng):
         b1, _ = make_batch(["a", "b"], rng, tag="one")
         store.write(b1)

@@ -393,3 +393,28 @@ def test_map_full_is_a_clear_error_and_rolls_back(tmp_path, rng):
         assert s.count() == 2
     finally:
         s.close()
+
+
+def test_a_write_is_in_the_mirror_when_it_returns_without_being_read_back(tmp_path, monkeypatch):
+    """An LMDB write is applied to the search mirror under the lock it is written in, from the
+    batch the process holds (as a Redis write is): nothing is read back from the store."""
+    from gmmlsh.index.config import IndexConfig
+    from gmmlsh.index.index import Index
+
+    X = np.random.default_rng(5).random((205, 8)).astype(np.float32)
+    with Index.open(str(tmp_path / "ix"), IndexConfig(dim=8), maintain=False) as ix:
+        ix.upsert([f"v{i}" for i in range(200)], X[:200], [{"n": i} for i in range(200)])
+        ix.view()
+        read: list[int] = []
+        real = ix.store.read
+        monkeypatch.setattr(ix.store, "read", lambda iids, fields: read.extend(np.asarray(iids).tolist())
+                            or real(iids, fields))
+        ix.upsert(["v7", "w1", "w2", "w1"], X[200:204], [None, {"m": 1}, None, {"m": 2}])
+        ix.delete(["v8"])
+        assert tuple(ix.mirror.refresh().token) == ix.store.token()
+        assert read == []
+        monkeypatch.undo()
+        report = ix.check()
+        assert report.ok and report.mirror_behind == 0, report
+        assert ix.query(X[202], k=1, mode="exact").neighbors[0].id == "w2" and ix.get("w1").metadata == {"m": 2}
+        assert not ix.contains("v8") and ix.count() == 201

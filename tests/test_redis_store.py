@@ -225,25 +225,6 @@ def test_a_write_a_read_and_a_token_are_one_round_trip_each(redis_url, redis_pre
     st.close()
 
 
-@pytest.mark.parametrize("server", ["redis_url", "redis_cluster_url"])
-def test_a_write_says_under_which_iid_each_row_was_stored(server, redis_prefix, rng, request):  # noqa: F811
-    """``Written.iids`` (what lets a process put its own write into its mirror without reading it
-    back) agrees with the id map, on one server and on a Cluster: new ids, replacements, an id
-    given twice (its earlier row was not stored: -1)."""
-    st = RedisStore(request.getfixturevalue(server), prefix=redis_prefix)
-    st.write(make_batch([f"w{i}" for i in range(100)], rng)[0])
-    ids = [f"w{i}" for i in range(50, 250)] + ["w60"]
-    batch = make_batch(ids, rng)[0]
-    written = st.write(batch)
-    last = batch.last_rows()
-    assert written.iids.shape == (len(ids),) and (np.delete(written.iids, last) == -1).all()
-    np.testing.assert_array_equal(written.iids[last], st.lookup([ids[r] for r in last]))
-    got = st.read(written.iids[last], ["name", "vector", "sketch", "meta"])
-    for p, r in enumerate(last):
-        assert {f: got[f][p] for f in got} == {f: v for f, v in batch.stored(r).items() if f != "nrff"}
-    st.close()
-
-
 def test_a_redis_write_is_in_its_own_mirror_when_it_returns_without_being_read_back(  # noqa: F811
         redis_url, redis_prefix, tmp_path, monkeypatch):  # noqa: F811
     """A process whose search mirror is in use applies its own Redis write before it returns,

@@ -69,15 +69,6 @@ def _iids_of_keys(keys: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(keys), dtype=_BE_U4).astype(np.int64)
 
 
-def _rows_as_bytes(a: np.ndarray) -> list[bytes]:
-    """Each row of a 2-D array as one ``bytes`` (no Python loop over values)."""
-    a = np.ascontiguousarray(a)
-    width = a.shape[1] * a.itemsize
-    if width == 0:
-        return [b""] * a.shape[0]
-    return a.view(np.uint8).reshape(a.shape[0], width).view(f"V{width}").ravel().tolist()
-
-
 class LmdbStore:
     """LMDB implementation of :class:`gmmlsh.index.store.base.Store`.
 
@@ -216,20 +207,14 @@ class LmdbStore:
 
     # --- writes -----------------------------------------------------------------------
     def write(self, batch: RecordBatch) -> Written:
-        """Insert or replace the batch's records in one write transaction."""
+        """Insert or replace the batch's records in one write transaction; the last row of an id
+        is stored under the next iid, in the batch's order (:attr:`Written.iids`)."""
         rows = batch.last_rows()
         m = rows.shape[0]
         if m == 0:
             return Written(0, 0)
-        names = [batch.ids[i].encode("utf-8") for i in rows]
-        columns = {
-            "name": names,
-            "vector": [batch.vectors[i] for i in rows],
-            "sketch": _rows_as_bytes(np.asarray(batch.sketches)[rows]),
-            "nrff": _rows_as_bytes(np.asarray(batch.nrff, dtype=np.float32)[rows]) if batch.nrff is not None
-            else None,
-            "meta": [batch.meta[i] for i in rows] if batch.meta is not None else None,
-        }
+        records = [batch.stored(i) for i in rows.tolist()]  # a field not stored is None: none is put
+        names = [rec["name"] for rec in records]
         with self._txn(write=True) as txn:
             next_iid, live, retired = self._state(txn)
             if next_iid + m > IID_LIMIT:
@@ -238,15 +223,17 @@ class LmdbStore:
             retired = self._retire(txn, old, retired)
             keys = _be_keys(np.arange(next_iid, next_iid + m))
             txn.cursor(db=self._db["ext2iid"]).putmulti(sorted(zip(names, keys, strict=True)))
-            for field, blobs in columns.items():
-                if blobs is None:
+            for field in FIELDS:
+                items = [(k, bytes(rec[field])) for k, rec in zip(keys, records, strict=True) if rec[field] is not None]
+                if not items:
                     continue
-                items = [(k, bytes(b)) for k, b in zip(keys, blobs, strict=True) if b is not None]
                 consumed, added = txn.cursor(db=self._db[field]).putmulti(items, append=True)
                 if added != consumed:
                     raise StoreError(f"LMDB store at {self.path} is inconsistent: a stored iid is past the counter")
             txn.put(_STATE_KEY, _STATE.pack(next_iid + m, live + m - len(old), retired), db=self._db["counters"])
-        return Written(m, len(old))
+        iids = np.full(len(batch), -1, dtype=np.int64)
+        iids[rows] = np.arange(next_iid, next_iid + m)
+        return Written(m, len(old), iids)
 
     def _retire(self, txn: lmdb.Transaction, iid_keys: list[bytes], retired: int) -> int:
         """Remove these records' fields and log them on the feed; returns the new retirement count."""
