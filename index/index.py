@@ -490,8 +490,7 @@ class Index:
             raise VectorError("limit", f"must be an integer between 1 and {MAX_SCROLL_LIMIT}, got {limit!r}")
         if cursor is not None:
             check_id(cursor, "cursor")
-        self.view()  # brought up to the store
-        return scroll(self.mirror.settled(), self._names, self.columns, as_filter(filter), cursor, limit)
+        return scroll(self.view(), self._names, self.columns, as_filter(filter), cursor, limit)
 
     def delete_where(self, filter: dict | Filter) -> int:
         """Delete every vector whose metadata pass ``filter``; returns how many went. A vector

@@ -23,9 +23,12 @@ in the arenas. Upkeep (building segments, re-fitting, tuning) takes its own lock
 beside the queries, so a query never waits for it.
 
 Keeping up: a process that finds the store's token moved takes the ``sync`` lock, applies
-:meth:`Store.changes` (reads the added records, marks the retired ones), writes the new rows
-and publishes a new state. A crash of the process before the rename leaves rows past the
-published count that the next sync overwrites; retirements marked early are facts already.
+:meth:`Store.changes` (reads the added records, appends them as new rows) and publishes a new
+state, which names the rows it retires; then it clears their live flags. Each view holds its
+own copy of the flags as of its state (:meth:`Mirror._load`), so a query never sees a replaced
+id in neither row, nor in both. A crash of the process before the rename leaves rows past the
+published count that the next sync overwrites; one after it leaves flags to clear, which the
+next holder of the lock clears.
 
 **Durability.** A query never waits for the disk: nothing on its path is fsynced (at 2,000
 writes a second the fsyncs of each sync, queued behind upkeep's, made the syncs a query waits
@@ -156,17 +159,14 @@ class View:
         return [b or None for b in gather(*self.meta, rows)]
 
     def restricted(self, alive: np.ndarray, live: int) -> View:
-        """The view with other live flags (a filter's: live *and* passing; or a copy of its
-        own): every search of it reads only the rows they flag."""
+        """The view with other live flags (a filter's: live *and* passing): every search of it
+        reads only the rows they flag."""
         return replace(self, alive=alive, live=live, row_bundle=self.row_bundle._replace(alive=frozen(alive)))
 
     def live_rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """The rows in ``[lo, hi)`` (default: all the view's) live now, read from a copy of their
-        flags: other processes retire rows in the mapped column meanwhile, and numpy's nonzero
-        counts the flags, then fills, and raises if the count changed between (a merge of big
-        segments failed so under the operation benchmark's writer)."""
+        """The rows in ``[lo, hi)`` (default: all the view's) live in this view."""
         hi = self.rows if hi is None else hi
-        return lo + np.flatnonzero(np.array(self.alive[lo:hi]))
+        return lo + np.flatnonzero(self.alive[lo:hi])
 
     @property
     def tail_start(self) -> int:
@@ -346,16 +346,6 @@ class Mirror:
                     self.view = self._load()
         return self.view
 
-    def settled(self) -> View:
-        """The current view with its live flags copied while no write is being applied. A view's
-        flags are the mapped column itself, and a sync retires a replaced id's old row before it
-        publishes the row count that takes in its new one: read in between, the id is live in
-        neither row. What must see every stored id exactly once (a scroll) reads this copy."""
-        with self.locked():
-            view = self.refresh()
-            alive = np.array(view.alive[:view.rows])
-        return view.restricted(alive, view.live)
-
     def _fit(self, name: str) -> Arenas:
         """The arenas of the fit ``name`` (kept mapped while it stays the published one)."""
         if self._arenas is None or self._arenas.fit.name != name:
@@ -370,21 +360,26 @@ class Mirror:
             try:
                 arenas = self._fit(lists["fit"]) if lists else None
                 list_bundle, post_bundle = segments.bundles(arenas, lists, state["rows"], self.words)
-                break
             except FileNotFoundError:
                 # Another process published a newer fit and removed this one between our reading
                 # the state and opening its files: the state has moved on, read it again.
                 # Unchanged, the state names a fit that is not there (a checkpoint older than the
                 # fit's replacement, after the machine restarted): no lists, until upkeep makes some.
-                if self._stamp() == stamp:
-                    arenas = lists = None
-                    list_bundle, post_bundle = segments.bundles(None, None, state["rows"], self.words)
-                    break
+                if self._stamp() != stamp:
+                    continue
+                arenas = lists = None
+                list_bundle, post_bundle = segments.bundles(None, None, state["rows"], self.words)
+            # The view's own copy of the live flags, as of this state: the rows it retires are
+            # cleared here, whether its sync has cleared them in the mapped column yet or not, and
+            # a newer state (whose sync may clear its rows while we copy) means reading again.
+            alive = np.array(self._alive.rows(state["rows"]))
+            alive[np.asarray(state.get("retiring", ()), np.int64)] = 0
+            if self._stamp() == stamp:
+                break
         n = state["rows"]
         voff, vdata = self._vectors.views(n)
         coff, cdata = self._coarse.views(n)
-        alive, norms, planes, first = (self._alive.rows(n), self._norms.rows(n), self._planes.rows(n),
-                                       self._first.rows(n))
+        norms, planes, first = self._norms.rows(n), self._planes.rows(n), self._first.rows(n)
         vi, vf = vdata.view(np.uint32), vdata.view(np.float32)
         row_bundle = Rows(frozen(alive), frozen(norms), frozen(self._norms32.rows(n)), frozen(planes), frozen(first),
                           frozen(voff), frozen(vi), frozen(vf), frozen(coff), frozen(cdata), self.config.dim)
@@ -414,6 +409,7 @@ class Mirror:
             if not mine:
                 return self.refresh()
             state = self._read_state()
+            self._settle(state)
             now = store.token()
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
                 fresh = getattr(store, "token_fresh", None)  # a cached token older than the mirror?
@@ -426,11 +422,13 @@ class Mirror:
                 read = read_through(store, written if kept is changes else None)  # lost writes: all read again
                 changes = kept
                 rows = self._append(read, changes.added, state["rows"])
-                retired = self._retire(changes.retired, rows)
-                state.update(rows=rows, token=list(changes.token),
-                             live=state["live"] + rows - state["rows"] - retired)
+                resynced = np.asarray(state.get("retiring", ()), np.int64)  # by a resync of lost tails
+                retiring = np.setdiff1d(self._retiring(changes.retired, rows), resynced)
+                state.update(rows=rows, token=list(changes.token), retiring=np.union1d(resynced, retiring).tolist(),
+                             live=state["live"] + rows - state["rows"] - retiring.shape[0])
                 self._write_state(state)
                 self.written = True
+                self._settle(state)
             with self._load_lock:
                 self.view = self._load()
         return self.view
@@ -445,6 +443,7 @@ class Mirror:
             return self._reset()
         self._write_state(resynced)
         self.written = True
+        self._settle(resynced)
         return resynced
 
     def _lost_tails(self, store: Store, state: dict, changes):
@@ -517,18 +516,25 @@ class Mirror:
         coarse_encode(voff, vi, vdata.view(np.float32), self._norms.rows(hi), lo, hi, data)
         self._coarse.append_flat(lo, data, sizes)
 
-    def _retire(self, iids: np.ndarray, rows: int) -> int:
-        """Clear the live flag of these iids' rows; returns how many were live."""
+    def _retiring(self, iids: np.ndarray, rows: int) -> np.ndarray:
+        """The live rows of these iids, ascending: those a sync retires."""
         if not iids.shape[0]:
-            return 0
+            return np.zeros(0, np.int64)
         rowof = self._rowof.whole()
         known = iids[iids < rowof.shape[0]]
         r = rowof[known].astype(np.int64) - 1
         r = np.unique(r[(r >= 0) & (r < rows)])
-        alive = self._alive.reserve(rows)
-        was = int(alive[r].sum())
-        alive[r] = 0
-        return was
+        return r[self._alive.rows(rows)[r] != 0]
+
+    def _settle(self, state: dict) -> None:
+        """Clear in the mapped live flags the rows ``state`` retires (``retiring``, dropped from
+        it). A sync writes them into the state it publishes and clears them after: a view read
+        before that state keeps them, one read after clears them in its own copy (:meth:`_load`),
+        so no view sees a replaced id in neither row. The next holder of the ``sync`` lock settles
+        the state it finds too, in case the process that wrote it died before it could."""
+        retiring = state.pop("retiring", None)
+        if retiring:
+            self._alive.reserve(state["rows"])[np.asarray(retiring, np.int64)] = 0
 
     # --- derived structures -----------------------------------------------------------------
     def publish(self, change: Callable[[dict], None]) -> View:
@@ -536,6 +542,7 @@ class Mirror:
         :class:`Stale` to publish nothing); returns the new view."""
         with self.locked():
             state = self._read_state()
+            self._settle(state)
             old = (state.get("lists") or {}).get("fit")
             change(state)
             self._write_state(state)

@@ -22,8 +22,8 @@ log = logging.getLogger("gmmlsh.mirror")
 def went_back(mirror, store, state: dict, now: tuple, lost: list[int] | None = None) -> dict | None:
     """Resync the id-shards whose counters in ``now`` are behind the mirror's token, and those
     at the positions ``lost`` (:func:`lost_tails`), under the mirror's ``sync`` lock; returns the
-    state to go on from (its token: ``now`` for those shards, the mirror's for the others), or
-    None if only a rebuild will do."""
+    state to go on from (its token: ``now`` for those shards, the mirror's for the others; its
+    ``retiring``: their old rows), or None if only a rebuild will do."""
     mine = getattr(store, "mine", None)
     old = state.get("token")
     if mine is None or old is None or len(old) != len(now):
@@ -39,10 +39,8 @@ def went_back(mirror, store, state: dict, now: tuple, lost: list[int] | None = N
     names = [shards[i] for i in back]
     rows = state["rows"]
     iids = np.asarray(mirror._iid.rows(rows), dtype=np.int64)
-    alive = mirror._alive.reserve(rows)
-    hit = np.isin(iids % S, names) & (alive[:rows] == 1)
-    retired = int(hit.sum())
-    alive[np.flatnonzero(hit)] = 0
+    hit = np.flatnonzero(np.isin(iids % S, names) & (mirror._alive.rows(rows) == 1))
+    retired = int(hit.shape[0])
     top = {shards[i]: now[2 * i] for i in back}
     found = [ids for _, ids in store.scan_ids(shards=names)]
     present = np.concatenate(found) if found else np.zeros(0, np.int64)
@@ -54,8 +52,8 @@ def went_back(mirror, store, state: dict, now: tuple, lost: list[int] | None = N
         token[2 * i], token[2 * i + 1] = now[2 * i], now[2 * i + 1]
     log.warning("the store went back on id-shard(s) %s (writes lost in a failover?): %d rows retired, %d copied "
                 "again; the other %d shard(s) kept", names, retired, added, len(shards) - len(back))
-    state.update(rows=rows + added, token=token, live=state["live"] - retired + added)
-    return state
+    state.update(rows=rows + added, token=token, live=state["live"] - retired + added, retiring=hit.tolist())
+    return state  # its rows retired once it is published (Mirror._settle), as a sync's are
 
 
 def lost_tails(mirror, store, state: dict, now: tuple, retired: np.ndarray) -> list[int]:

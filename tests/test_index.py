@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numba
 import numpy as np
@@ -283,6 +285,69 @@ def test_another_process_writes_are_seen_by_the_next_query(location, fmnist):
         replaced = ix.query(X[5], k=5)
         assert replaced.neighbors[0].id == second and replaced.neighbors[0].metadata == {"v": 2}
         assert [n.id for n in replaced.neighbors].count(second) == 1
+
+
+def test_an_id_being_replaced_is_found_by_every_query_meanwhile(location):
+    """Ids replaced over and over (by the same vectors) while queries look for them: every exact
+    query finds its id, once. A sync used to clear the old row's live flag in the mapped column
+    before publishing the row count that takes in the new one, so a query between found the id
+    in neither row (11 of 3,000 queries missed it); each view now copies the flags as of its
+    state, which names the rows it retires."""
+    rng = np.random.default_rng(0)
+    X = rng.random((300, 16))
+    names = [f"v{i:03d}" for i in range(len(X))]
+    hot = list(range(0, len(X), 10))
+    stop = threading.Event()
+    errors = []
+    with _open(location, IndexConfig(dim=16, samples=64), maintain=False) as ix:
+        ix.upsert(names, X)
+
+        def writer():
+            pick = random.Random(1)
+            try:
+                while not stop.is_set():
+                    i = pick.choice(hot)
+                    ix.upsert([names[i]], X[[i]])
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        missed = []
+        try:
+            pick = random.Random(2)
+            for _ in range(3000):
+                i = pick.choice(hot)
+                found = [n.id for n in ix.query(X[i], k=2, mode="exact").neighbors]
+                if found[0] != names[i] or found[1] == names[i]:
+                    missed.append((names[i], found))
+        finally:
+            stop.set()
+            t.join()
+    assert not errors
+    assert not missed, missed[:5]
+
+
+def test_flags_a_killed_sync_published_but_did_not_clear_are_cleared(tmp_path):
+    """A sync publishes the rows it retires, then clears their flags. Killed between the two, it
+    leaves a replaced id's old row live on disk: views still see the id once (they clear the rows
+    the state names), and the next sync clears the flag for good."""
+    X = np.random.default_rng(1).random((50, 8))
+    with Index.open(tmp_path / "ix", IndexConfig(dim=8), maintain=False) as ix:
+        ix.upsert(_ids(0, 50), X)
+        ix.upsert(["v3"], X[[3]])
+        mirror_dir = ix.mirror.dir
+    (old,) = json.loads((mirror_dir / "state.json").read_text())["retiring"]
+    alive = np.memmap(mirror_dir / "alive.u1", np.uint8, mode="r+")
+    assert alive[old] == 0
+    alive[old] = 1  # as the killed process left it
+    alive.flush()
+    with Index.open(tmp_path / "ix", maintain=False) as ix:
+        assert [n.id for n in ix.query(X[3], k=2, mode="exact").neighbors].count("v3") == 1
+        assert ix.check().ok
+        ix.upsert(["v60"], X[[4]])
+        assert json.loads((mirror_dir / "state.json").read_text())["retiring"] == []  # the next sync's own: none
+    assert np.memmap(mirror_dir / "alive.u1", np.uint8, mode="r")[old] == 0
 
 
 def test_a_query_reads_the_store_once_when_nothing_changed(location, fmnist):
