@@ -274,6 +274,13 @@ class Index:
             self.upkeep.poke(view)
         return view
 
+    def catch_up(self) -> View:
+        """This machine's search mirror brought up to the store, without starting upkeep: what a
+        bulk load calls between chunks (:func:`gmmlsh.index.ingest.build.build`), which leaves the
+        lists and the tuning to its end; an upkeep worker started meanwhile by :meth:`view` would
+        build and re-tune them over and over while the load runs, on the cores it hashes on."""
+        return self._sync()[0]
+
     def _sync(self, wait: bool = True, written: tuple[np.ndarray, RecordBatch] | None = None) -> tuple[View, bool]:
         """(the mirror brought up to the store, True); or, where it cannot take the changes (its
         disk is full), (the mirror as it is, False): reads go on from what it holds, and

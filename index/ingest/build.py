@@ -359,7 +359,7 @@ class _MirrorFollower:
             if self._done:
                 return
             try:
-                self._index.view()
+                self._index.catch_up()
             except Exception:  # noqa: BLE001 - the final sync does the rest and reports it
                 _logger.debug("the search mirror stopped following the build", exc_info=True)
                 return
