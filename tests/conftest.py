@@ -5,11 +5,15 @@ Backend fixtures live beside the tests that need them (``redis_fixtures.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
 import subprocess
 import tempfile
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +104,30 @@ def fill(directory: Path) -> Path:
             except OSError:
                 continue
     return ballast
+
+
+@contextlib.contextmanager
+def replaced_over_and_over(ix, names: list[str], X: np.ndarray, hot: list[int]) -> Iterator[None]:
+    """While the block runs, a thread replaces the rows ``hot`` of ``names``/``X`` (each by the
+    same vector) one after another, at random; an error of the writer is raised at the end."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        pick = random.Random(1)
+        try:
+            while not stop.is_set():
+                i = pick.choice(hot)
+                ix.upsert([names[i]], X[[i]])
+        except Exception as exc:  # noqa: BLE001 - raised below
+            errors.append(exc)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+    if errors:
+        raise errors[0]

@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import replaced_over_and_over
 from redis_fixtures import redis_url  # noqa: F401
 
 from gmmlsh.core.gmm import gmm_many
@@ -225,31 +226,15 @@ def test_scroll_visits_every_id_exactly_once_while_writes_go_on(loaded):
 
 def test_a_scroll_sees_an_id_being_replaced_on_the_page_it_reads(location):
     """Ids replaced over and over while every page of a scroll is read: each comes exactly once.
-    A sync retires the old row of a replaced id before it publishes the row count holding the
-    new one, so a page read from the mapped live flags in between saw the id in neither row.
-    The test above meets that moment only by chance (a page and a replacement of the same id)."""
+    A page read between a sync's retiring an id's old row and its publishing the new one used to
+    see the id in neither row. The test above meets that moment only by chance (a page and a
+    replacement of the same id at once); here most pages hold an id being replaced."""
     loc, opts = location
-    rng = np.random.default_rng(0)
-    X = rng.random((350, 16))
+    X = np.random.default_rng(0).random((350, 16))
     names = [f"v{i:04d}" for i in range(len(X))]
-    hot = list(range(0, len(X), 5))  # one or more on every page of 7
-    stop = threading.Event()
-    errors = []
     with Index.open(loc, IndexConfig(dim=16, samples=64), maintain=False, **opts) as ix:
         ix.upsert(names, X)
-
-        def writer():
-            pick = random.Random(1)
-            try:
-                while not stop.is_set():
-                    i = pick.choice(hot)
-                    ix.upsert([names[i]], X[[i]])
-            except Exception as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        t = threading.Thread(target=writer)
-        t.start()
-        try:
+        with replaced_over_and_over(ix, names, X, hot=list(range(0, len(X), 5))):
             for _ in range(30):  # a scroll meets the moment by chance: 30 meet it many times
                 seen, cursor = [], None
                 while True:
@@ -258,10 +243,6 @@ def test_a_scroll_sees_an_id_being_replaced_on_the_page_it_reads(location):
                     if cursor is None:
                         break
                 assert sorted(seen) == names  # every id once: none missed, none twice
-        finally:
-            stop.set()
-            t.join()
-    assert not errors
 
 
 def test_delete_by_filter_removes_exactly_the_matching(loaded):

@@ -8,13 +8,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import FMNIST as FMNIST_PATH
+from conftest import replaced_over_and_over
 from redis_fixtures import redis_url  # noqa: F401
 
 from gmmlsh.core import nrff, parallel
@@ -293,38 +293,19 @@ def test_an_id_being_replaced_is_found_by_every_query_meanwhile(location):
     before publishing the row count that takes in the new one, so a query between found the id
     in neither row (11 of 3,000 queries missed it); each view now copies the flags as of its
     state, which names the rows it retires."""
-    rng = np.random.default_rng(0)
-    X = rng.random((300, 16))
+    X = np.random.default_rng(0).random((300, 16))
     names = [f"v{i:03d}" for i in range(len(X))]
     hot = list(range(0, len(X), 10))
-    stop = threading.Event()
-    errors = []
+    missed = []
     with _open(location, IndexConfig(dim=16, samples=64), maintain=False) as ix:
         ix.upsert(names, X)
-
-        def writer():
-            pick = random.Random(1)
-            try:
-                while not stop.is_set():
-                    i = pick.choice(hot)
-                    ix.upsert([names[i]], X[[i]])
-            except Exception as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-
-        t = threading.Thread(target=writer)
-        t.start()
-        missed = []
-        try:
+        with replaced_over_and_over(ix, names, X, hot):
             pick = random.Random(2)
             for _ in range(3000):
                 i = pick.choice(hot)
                 found = [n.id for n in ix.query(X[i], k=2, mode="exact").neighbors]
                 if found[0] != names[i] or found[1] == names[i]:
                     missed.append((names[i], found))
-        finally:
-            stop.set()
-            t.join()
-    assert not errors
     assert not missed, missed[:5]
 
 
