@@ -467,10 +467,6 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     cost and how long the tuning took.
     """
     t0 = time.perf_counter()
-    # The live flags as they are now, held still: rows retired while the tuning runs (a writer
-    # replacing 1,000 rows a second) would otherwise be in the truth and out of every trial's reach.
-    alive = np.array(view.alive[:view.rows])
-    view = view.restricted(alive, int(np.count_nonzero(alive)))
     qs, source = _sample(view, config, queries or (len(served) if served else QUERIES), seed, served)
     if target is None:
         target = TARGET_RECALL + (0.0 if served else STORED_MARGIN)
