@@ -94,17 +94,21 @@ FILTERS = [
 ]
 
 
+def _scrolled(ix, limit: int, flt: dict | None = None) -> list[str]:
+    """Every id a scroll in pages of ``limit`` visits, in the order it visits them."""
+    seen, cursor = [], None
+    while True:
+        page, cursor = ix.scroll(cursor, limit, flt)
+        seen += [i for i, _ in page]
+        if cursor is None:
+            return seen
+
+
 def test_every_operator_selects_exactly_what_the_reference_does(loaded):
     ix, _, metas, _ = loaded
     for flt in FILTERS:
         want = sorted(f"v{i}" for i, m in enumerate(metas) if _ref_match(m, flt))
-        got, cursor = [], None
-        while True:
-            page, cursor = ix.scroll(cursor, 1000, flt)
-            got += [i for i, _ in page]
-            if cursor is None:
-                break
-        assert sorted(got) == want, flt
+        assert sorted(_scrolled(ix, 1000, flt)) == want, flt
         assert want, flt  # every filter of the list selects something
 
 
@@ -209,12 +213,7 @@ def test_scroll_visits_every_id_exactly_once_while_writes_go_on(loaded):
     t = threading.Thread(target=writer)
     t.start()
     try:
-        seen, cursor = [], None
-        while True:
-            page, cursor = ix.scroll(cursor, 137)
-            seen += [i for i, _ in page]
-            if cursor is None:
-                break
+        seen = _scrolled(ix, 137)
     finally:
         stop.set()
         t.join()
@@ -236,13 +235,7 @@ def test_a_scroll_sees_an_id_being_replaced_on_the_page_it_reads(location):
         ix.upsert(names, X)
         with replaced_over_and_over(ix, names, X, hot=list(range(0, len(X), 5))):
             for _ in range(30):  # a scroll meets the moment by chance: 30 meet it many times
-                seen, cursor = [], None
-                while True:
-                    page, cursor = ix.scroll(cursor, 7)
-                    seen += [i for i, _ in page]
-                    if cursor is None:
-                        break
-                assert sorted(seen) == names  # every id once: none missed, none twice
+                assert sorted(_scrolled(ix, 7)) == names  # every id once: none missed, none twice
 
 
 def test_delete_by_filter_removes_exactly_the_matching(loaded):
@@ -252,14 +245,7 @@ def test_delete_by_filter_removes_exactly_the_matching(loaded):
     n0 = ix.count()
     assert ix.delete_where(flt) == len(doomed)
     assert ix.count() == n0 - len(doomed)
-    left = set()
-    cursor = None
-    while True:
-        page, cursor = ix.scroll(cursor, 5000)
-        left |= {i for i, _ in page}
-        if cursor is None:
-            break
-    assert left == {f"v{i}" for i in range(N)} - doomed
+    assert set(_scrolled(ix, 5000)) == {f"v{i}" for i in range(N)} - doomed
     assert ix.delete_where(flt) == 0
     left = ix.count()
     for nothing in ({}, {"must": []}):
