@@ -209,18 +209,18 @@ class Index:
         if not searchable:
             return write()
 
-        def applied(done):
+        def own(done):  # what the mirror takes from the batch held here (a delete has none)
             return (done.iids, batch) if batch is not None else None
 
         if self.store.local:
             with self.mirror.locked():
                 done = write()
-                self._sync(written=applied(done))
+                self._sync(written=own(done))
                 return done
         done = write()
         if self.mirror.view.token is not None:
             try:
-                self._sync(written=applied(done))
+                self._sync(written=own(done))
             except StoreUnavailable as exc:  # the write is stored: a query applies it once Redis answers
                 log.warning("a write was stored but not put into the search mirror: %s", exc)
         return done
