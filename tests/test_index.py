@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from conftest import FMNIST as FMNIST_PATH
-from conftest import replaced_over_and_over
+from conftest import expect_redis_feed_gap, replaced_over_and_over
 from redis_fixtures import redis_url  # noqa: F401
 
 from gmmlsh.core import nrff, parallel
@@ -287,12 +287,13 @@ def test_another_process_writes_are_seen_by_the_next_query(location, fmnist):
         assert [n.id for n in replaced.neighbors].count(second) == 1
 
 
-def test_an_id_being_replaced_is_found_by_every_query_meanwhile(location):
+def test_an_id_being_replaced_is_found_by_every_query_meanwhile(location, request):
     """Ids replaced over and over (by the same vectors) while queries look for them: every exact
     query finds its id, once. A sync used to clear the old row's live flag in the mapped column
     before publishing the row count that takes in the new one, so a query between found the id
     in neither row (11 of 3,000 queries missed it); each view now copies the flags as of its
     state, which names the rows it retires."""
+    expect_redis_feed_gap(request, location)
     X = np.random.default_rng(0).random((300, 16))
     names = [f"v{i:03d}" for i in range(len(X))]
     hot = list(range(0, len(X), 10))
