@@ -23,8 +23,9 @@ in the arenas. Upkeep (building segments, re-fitting, tuning) takes its own lock
 beside the queries, so a query never waits for it.
 
 Keeping up: a process that finds the store's token moved takes the ``sync`` lock, applies
-:meth:`Store.changes` (reads the added records, appends them as new rows) and publishes a new
-state, which names the rows it retires; then it clears their live flags. Each view holds its
+:meth:`Store.changes` (reads the added records, appends them as new rows; an added record a
+later write retired meanwhile sends it round again for that write) and publishes a new state,
+which names the rows it retires; then it clears their live flags. Each view holds its
 own copy of the flags as of its state (:meth:`Mirror._load`), so a query never sees a replaced
 id in neither row, nor in both. A crash of the process before the rename leaves rows past the
 published count that the next sync overwrites; one after it leaves flags to clear, which the
@@ -45,7 +46,6 @@ restored backup) is discarded and rebuilt.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -66,10 +66,15 @@ from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index import segments
 from gmmlsh.index.columns import Blobs, Column, gather, populate
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
+from gmmlsh.index.locks import DirectoryLocks
 from gmmlsh.index.records import stored_payloads
 from gmmlsh.index.segments import Arenas, Fit
 from gmmlsh.index.store.base import RecordBatch, Store, read_through
 from gmmlsh.index.store.location import is_redis
+
+#: Rounds of the store's changes one sync applies while the records it reads keep turning out
+#: retired by later writes (each round takes in those writes; see :meth:`Mirror._follow`).
+_FOLLOW_ROUNDS = 8
 
 #: Where mirrors of Redis indexes live unless ``cache_dir`` says otherwise.
 DEFAULT_CACHE_DIR = CACHE_DIR
@@ -198,9 +203,7 @@ class Mirror:
         self._state_file = str(self._state_path)  # stat()ed by every query: no Path arithmetic there
         self.config = config
         self.words = plane_words(config.samples)
-        self._thread_locks: dict[str, threading.RLock] = {}
-        self._locks_guard = threading.Lock()
-        self._flock_owner: dict[str, int] = {}  # lock name → the thread holding its file lock
+        self._locks = DirectoryLocks(self.dir)
         self._load_lock = threading.Lock()
         self._arenas: Arenas | None = None
         #: When this process last checkpointed (monotonic), and whether it wrote since.
@@ -308,35 +311,10 @@ class Mirror:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_size
 
-    @contextlib.contextmanager
-    def locked(self, name: str = "sync", blocking: bool = True):
-        """The directory's lock ``name``, across processes and threads; yields False if not
-        ``blocking`` and another holder has it. Each name is a lock of its own: upkeep's long
-        locks never stand in the way of ``sync``. A thread holding it may take it again."""
-        with self._locks_guard:
-            lock = self._thread_locks.setdefault(name, threading.RLock())
-        if not lock.acquire(blocking=blocking):
-            yield False
-            return
-        try:
-            me = threading.get_ident()
-            if self._flock_owner.get(name) == me:  # taken again inside its holder
-                yield True
-                return
-            with open(self.dir / f"{name}.lock", "a") as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-                except BlockingIOError:
-                    yield False
-                    return
-                self._flock_owner[name] = me
-                try:
-                    yield True
-                finally:
-                    del self._flock_owner[name]
-                    fcntl.flock(f, fcntl.LOCK_UN)
-        finally:
-            lock.release()
+    def locked(self, name: str = "sync", blocking: bool = True) -> contextlib.AbstractContextManager[bool]:
+        """The directory's lock ``name`` (:class:`~gmmlsh.index.locks.DirectoryLocks`): ``sync``
+        for short work on the state; upkeep's lanes and tasks take names of their own."""
+        return self._locks.locked(name, blocking)
 
     def refresh(self) -> View:
         """The current view, reloaded first if another process or thread published a new state."""
@@ -417,21 +395,37 @@ class Mirror:
             if state["token"] is not None and tuple(state["token"]) != now and _behind(now, state["token"]):
                 state, written = self._went_back(store, state, now), None
             if state["token"] is None or tuple(state["token"]) != now:
-                changes = store.changes(None if state["token"] is None else tuple(state["token"]))
-                state, kept = self._lost_tails(store, state, changes)
-                read = read_through(store, written if kept is changes else None)  # lost writes: all read again
-                changes = kept
-                rows = self._append(read, changes.added, state["rows"])
-                resynced = np.asarray(state.get("retiring", ()), np.int64)  # by a resync of lost tails
-                retiring = np.setdiff1d(self._retiring(changes.retired, rows), resynced)
-                state.update(rows=rows, token=list(changes.token), retiring=np.union1d(resynced, retiring).tolist(),
-                             live=state["live"] + rows - state["rows"] - retiring.shape[0])
+                for _ in range(_FOLLOW_ROUNDS):
+                    state, missed = self._follow(store, state, written)
+                    if not missed:
+                        break
                 self._write_state(state)
                 self.written = True
                 self._settle(state)
             with self._load_lock:
                 self.view = self._load()
         return self.view
+
+    def _follow(self, store: Store, state: dict, written: tuple[np.ndarray, RecordBatch] | None
+                ) -> tuple[dict, bool]:
+        """Apply to ``state`` the store's changes since its token: the added records appended as
+        rows, the rows of the retired ones added to its ``retiring``. Returns the state and
+        whether some added records were gone when read: a write after the token retired them,
+        and the caller follows on to take in their successors before it publishes (on Redis,
+        whose writers do not wait for a sync, a state would else name neither the old row of
+        a replaced id nor its new one)."""
+        changes = store.changes(None if state["token"] is None else tuple(state["token"]))
+        if state["token"] is not None and _behind(changes.token, state["token"]):
+            return state, False  # went back since the last round: the next sync resyncs
+        state, kept = self._lost_tails(store, state, changes)
+        read = read_through(store, written if kept is changes else None)  # lost writes: all read again
+        rows = self._append(read, kept.added, state["rows"])
+        prior = np.asarray(state.get("retiring", ()), np.int64)  # earlier rounds', a resync's
+        retiring = np.setdiff1d(self._retiring(kept.retired, rows), prior)
+        missed = rows - state["rows"] < kept.added.shape[0]
+        state.update(rows=rows, token=list(kept.token), retiring=np.union1d(prior, retiring).tolist(),
+                     live=state["live"] + rows - state["rows"] - retiring.shape[0])
+        return state, missed
 
     def _went_back(self, store: Store, state: dict, now: tuple) -> dict:
         """The store is behind the mirror: only its id-shards that went back are copied again

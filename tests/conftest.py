@@ -131,20 +131,3 @@ def replaced_over_and_over(ix, names: list[str], X: np.ndarray, hot: list[int]) 
         t.join()
     if errors:
         raise errors[0]
-
-
-#: Why a Redis index can still answer without an id that is being replaced (issue 30, open): a
-#: sync on Redis holds no lock against writers, so a record added before the token it reads can
-#: be retired by a later write before the sync reads it; the record is skipped, the state at
-#: that token names neither the old row nor the next one, until the next sync.
-REDIS_FEED_GAP = ("Redis: a record added within a sync's token and retired by a later write before the sync "
-                  "reads it leaves its id out of that state (issue 30, open)")
-
-
-def expect_redis_feed_gap(request, location) -> None:
-    """Mark a Redis run of a test that meets :data:`REDIS_FEED_GAP` as an expected failure (not
-    strict: it passes when the race is not met)."""
-    from gmmlsh.index.store.location import is_redis
-
-    if is_redis(str(location[0])):
-        request.applymarker(pytest.mark.xfail(strict=False, reason=REDIS_FEED_GAP))
