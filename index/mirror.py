@@ -545,7 +545,7 @@ class Mirror:
                 self.view = self._load()
         new = (state.get("lists") or {}).get("fit")
         if old and old != new:
-            segments.remove_fit(self.dir / old)  # mapped elsewhere: stays readable there
+            segments.retire_fit(self.dir / old)  # mapped elsewhere: stays readable there
         return self.view
 
     def reserve(self, fit: str, sizes: dict[str, int]) -> dict[str, int]:

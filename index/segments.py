@@ -27,9 +27,12 @@ it, in the background, while queries keep reading the old one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +54,10 @@ MIN_ROWS = 2048
 TAIL_ROWS = 1024
 #: Segments of one size tier (sizes within a factor of this of each other) merged at once.
 MERGE_FANOUT = 4
+#: A fit's directory once another replaced it, and the seconds it stays on disk so (long enough
+#: for every process that queries to have loaded the new one: see :func:`retire_fit`).
+RETIRED = "retired-"
+RETIRED_SECONDS = 60.0
 #: A segment with more than this share of its listed rows retired is rebuilt alone.
 DEAD_SHARE = 0.3
 #: Rows of the k-modes sample per list (capped by :data:`SAMPLE_MAX`).
@@ -366,14 +373,43 @@ def bundles(arenas: Arenas | None, state: dict | None, rows: int, profiles_words
 
 
 def remove_fit(directory: Path) -> None:
-    """Delete a fit no state names any more (processes that map its files keep reading them)."""
+    """Delete a fit no process maps (one built but never published)."""
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def retire_fit(directory: Path) -> None:
+    """Put aside a fit no state names any more: renamed (``retired-…``), so no process opens it
+    again, and deleted by :func:`delete_retired` once the processes that map it have moved on.
+    Deleted at once, its files would be freed by whichever process unmaps them last: a query
+    process dropping its old view (~0.2 ms per MB of the fit, measured: 86 ms for 400 MB)."""
+    target = directory.with_name(RETIRED + directory.name)
+    shutil.rmtree(target, ignore_errors=True)
+    try:
+        os.replace(directory, target)
+        os.utime(target)  # when it was retired
+    except FileNotFoundError:
+        pass
+
+
+def delete_retired(directory: Path, after: float = RETIRED_SECONDS) -> None:
+    """Delete the fits retired more than ``after`` seconds ago (upkeep calls it now and then)."""
+    for path in directory.glob(RETIRED + "lists-*"):
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - path.stat().st_mtime > after:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def is_fit_dir(name: str) -> bool:
+    """Whether a mirror entry is a fit's directory: published, retired, or being built."""
+    return name.startswith(("lists-", ".lists-", RETIRED))
+
+
 def sweep(directory: Path, keep: set[str]) -> None:
-    """Delete fits and leftovers of interrupted builds that no state names."""
+    """Retire the fits no state names, delete leftovers of interrupted builds and fits retired
+    long enough ago."""
     for path in directory.glob("lists-*"):
         if path.name not in keep:
-            shutil.rmtree(path, ignore_errors=True)
+            retire_fit(path)
     for path in directory.glob(".lists-*"):
         shutil.rmtree(path, ignore_errors=True)
+    delete_retired(directory)

@@ -31,6 +31,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from gmmlsh.index import segments
+
 log = logging.getLogger("gmmlsh.snapshots")
 
 #: Snapshots kept per group (older ones are removed once a newer one is published).
@@ -89,7 +91,7 @@ class DirectorySnapshots:
                 rel = path.relative_to(mirror_dir)
                 if path.is_dir() or rel.name.endswith(_LOCAL) or ".tmp" in rel.name:
                     continue
-                if rel.parts[0].startswith(("lists-", ".lists-")) and rel.parts[0] != fit:
+                if segments.is_fit_dir(rel.parts[0]) and rel.parts[0] != fit:
                     continue
                 target = tmp / rel
                 target.parent.mkdir(parents=True, exist_ok=True)

@@ -290,6 +290,7 @@ class Upkeep:
                 queries = None
             if time.monotonic() - self.mirror.checkpointed > CHECKPOINT_SECONDS:
                 self.mirror.checkpoint()
+                segments.delete_retired(self.mirror.dir)
 
     def _record(self, event: dict) -> None:
         """Append a finished task to the machine's upkeep log (cut to its last half when long)."""

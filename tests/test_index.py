@@ -631,7 +631,8 @@ def _listed(view) -> np.ndarray:
 def test_segments_absorb_rows_without_rewriting_and_merges_drop_retired_rows(tmp_path, fmnist):
     """New rows become a segment of their own (the segments before are not rewritten); small
     segments are merged four at a time, their rows keeping their lists and the retired ones
-    dropped; a segment mostly retired is rebuilt alone; a new fit when the index has doubled."""
+    dropped; a segment mostly retired is rebuilt alone; a new fit when the index has doubled, the
+    old one put aside until upkeep deletes it."""
     X, _, _, _ = fmnist
     T = segments.TAIL_ROWS
     with Index.open(tmp_path / "g", IndexConfig(dim=784, samples=128), maintain=False) as ix:
@@ -683,6 +684,12 @@ def test_segments_absorb_rows_without_rewriting_and_merges_drop_retired_rows(tmp
         assert done["fit"][0]["fit"] == 2 and view.fit.lists == view.live // segments.LIST_ROWS
         assert len(view.segments) == 1 and sorted(_listed(view).tolist()) == np.flatnonzero(view.alive).tolist()
         assert not (ix.mirror.dir / segments.fit_name(1)).exists()
+        retired = ix.mirror.dir / (segments.RETIRED + segments.fit_name(1))
+        assert retired.is_dir()  # put aside: a process dropping its last map of it would free its pages
+        segments.delete_retired(ix.mirror.dir)
+        assert retired.is_dir()
+        segments.delete_retired(ix.mirror.dir, after=0)
+        assert not retired.exists()
         assert ix.check().ok
 
 
