@@ -54,8 +54,8 @@ MIN_ROWS = 2048
 TAIL_ROWS = 1024
 #: Segments of one size tier (sizes within a factor of this of each other) merged at once.
 MERGE_FANOUT = 4
-#: A fit's directory once another replaced it, and the seconds it stays on disk so (long enough
-#: for every process that queries to have loaded the new one: see :func:`retire_fit`).
+#: The prefix of a replaced fit's directory, and the seconds it stays on disk so named (long
+#: enough for every process that queries to have loaded the new fit: see :func:`retire_fit`).
 RETIRED = "retired-"
 RETIRED_SECONDS = 60.0
 #: A segment with more than this share of its listed rows retired is rebuilt alone.

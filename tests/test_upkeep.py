@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import FMNIST as FMNIST_PATH
 
+from gmmlsh.core import parallel
 from gmmlsh.index import segments, tuner
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
@@ -247,8 +248,6 @@ def test_the_fast_lane_builds_its_segments_on_its_own_thread(tmp_path, fmnist, m
     the slow lane's work fills: at a million rows an absorb of 1,500 rows queued there behind a
     fit for 5.6 s, while the tail every query scans grew (issue 30)."""
     X = fmnist[0]
-    from gmmlsh.core import parallel
-
     with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=128), maintain=False) as ix:
         ix.upsert(_ids(0, 5000), X[:5000])
         ix.maintain()
