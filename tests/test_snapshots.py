@@ -10,6 +10,7 @@ import numpy as np
 import redis
 from redis_fixtures import redis_cluster_url, redis_prefix  # noqa: F401
 
+from gmmlsh.index import segments
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.snapshots import Lease, open_snapshots, publish, restore
@@ -85,3 +86,19 @@ def test_a_wiped_node_starts_from_the_snapshot(redis_cluster_url, redis_prefix, 
                 assert reads[0] >= a_view.live
             assert b_calls < c_calls
             print(json.dumps({"hmget_calls": {"restored": b_calls, "replayed": c_calls}, "rows": made.rows}))
+
+
+def test_a_snapshot_leaves_out_a_fit_set_aside(tmp_path, fmnist):
+    """A replaced fit stays in the mirror's directory for a while, renamed aside (see
+    :func:`gmmlsh.index.segments.retire_fit`): a snapshot copies only the fit its state names."""
+    X = fmnist[0]
+    with Index.open(tmp_path / "ix", IndexConfig(dim=784, samples=64), maintain=False) as ix:
+        ix.upsert([f"v{i}" for i in range(3000)], X[:3000])
+        ix.maintain()
+        ix.upsert([f"v{i}" for i in range(3000, 6000)], X[3000:6000])
+        assert ix.maintain()["fit"][0]["fit"] == 2  # the index doubled: a new fit, the first set aside
+        assert (ix.mirror.dir / (segments.RETIRED + segments.fit_name(1))).is_dir()
+        made = publish(ix.mirror, open_snapshots(str(tmp_path / "snaps"), "p", ix.config.uid), None)
+        assert made is not None
+        copied = {name.split("/")[0] for name in made.files}
+        assert {d for d in copied if segments.is_fit_dir(d)} == {segments.fit_name(2)}
