@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from bench import exact, operate_report
+from bench import exact, operate_report, sockets
 from bench.common import build_index, emit, serve, start_redis, store_args
 from bench.operate_proc import Child
 from bench.operate_query import PREFLIGHT, loop, query_rows
@@ -261,7 +261,12 @@ def run_http(args, shape: Shape, opened: dict, rows: int, workdir: Path, log) ->
         t_end = t0 + args.minutes * 60
         for c in children:
             c.go(t0, t_end)
+        placed: dict[str, list[int]] = {}
+        look = threading.Timer(t0 + 5.0 - time.monotonic(), lambda: placed.update(sockets.workers_of(
+            proc.pid, {"query client": client.proc.pid, "writer": writer.proc.pid}, int(url.rsplit(":", 1)[1]))))
+        look.start()
         q = client.collect(timeout=args.minutes * 60 + 900)
+        look.join()
         w = writer.collect(timeout=args.minutes * 60 + 900)
         answers, lat = [], []
         with httpx.Client(base_url=url, timeout=300) as c:
@@ -273,7 +278,7 @@ def run_http(args, shape: Shape, opened: dict, rows: int, workdir: Path, log) ->
                 answers.append([(int(nb["id"]), nb["similarity"]) for nb in r.json()["neighbors"]])
         return {"t0": t0, "queries": q, "writer": w, "events": watch.events(), "logs": watch.logs,
                 "polls": [(t, took, err) for t, took, _, err in watch.polls],
-                "final": {"answers": answers, "latency": lat}, "query_thread": "client",
+                "final": {"answers": answers, "latency": lat}, "query_thread": "client", "placed": placed,
                 "search_after": watch.polls[-1][2]["search"] if watch.polls and watch.polls[-1][2] else None}
     finally:
         for c in children:
@@ -448,6 +453,7 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float) -> list[str]:
          "", *operate_report.intervals(run["queries"], run["writer"], run["events"], run["t0"], seconds, a.bucket,
                                        slow),
          "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate),
+         *operate_report.placement(run.get("placed")),
          *operate_report.syncs(run["events"], run["query_thread"], run["queries"], run.get("answers")),
          "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow),
          *run.get("slow_stacks", []),

@@ -124,6 +124,16 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, worst: int
     return L
 
 
+def placement(placed: dict[str, list[int]] | None) -> list[str]:
+    """Over HTTP: which server worker held the query client's and the writer's connections
+    (:func:`bench.sockets.workers_of`, looked up 5 s into the load)."""
+    if placed is None:
+        return []
+    where = "; ".join(f"the {name}'s on worker {', '.join(map(str, pids)) or '?'}" for name, pids in placed.items())
+    shared = len({tuple(p) for p in placed.values()}) == 1 and all(placed.values())
+    return [f"- connections: {where}" + (" — **one worker served both**" if shared else "")]
+
+
 def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, target_deletes: float
                    ) -> list[str]:
     """What the writer held against its targets, and how late it ran."""
