@@ -10,11 +10,12 @@
 It speaks HTTP only (httpx): it imports neither the server nor numba, so it loads in a
 fraction of a second and runs wherever numpy and scipy do. Vectors go out in the API's one
 shape — dense ``values``, or sparse ``indices`` + ``values`` (a scipy row is sent as its
-nonzeros, never densified); dense *queries* go as the API's binary body (raw little-endian
-float32, the fastest path) — and answers come back as small frozen dataclasses whose fields
-are exactly the server's. Every refusal of the server is raised as :class:`ApiError` carrying
-the API's ``status``, ``code``, ``field`` and ``message``; a request that gets no HTTP answer
-at all (connection refused, DNS, timeout) raises :class:`NoResponseError`.
+nonzeros, never densified); a batch of upserts goes as the API's Arrow body and dense
+*queries* as its binary body (raw arrays, no decimal text: the fastest paths) — and answers
+come back as small frozen dataclasses whose fields are exactly the server's. Every refusal
+of the server is raised as :class:`ApiError` carrying the API's ``status``, ``code``,
+``field`` and ``message``; a request that gets no HTTP answer at all (connection refused,
+DNS, timeout) raises :class:`NoResponseError`.
 
 The result types :class:`Neighbor`, :class:`QueryResult` and :class:`StoredVector` are the
 index's own (:mod:`gmmlsh.results`, which needs numpy alone), so an answer has one shape in
@@ -39,7 +40,7 @@ from gmmlsh.results import Neighbor, QueryResult, StoredVector
 
 __all__ = [
     "Client", "ApiError", "NoResponseError", "Neighbor", "QueryResult", "StoredVector",
-    "UpsertResult", "DeleteResult", "Stats", "Health",
+    "UpsertResult", "DeleteResult", "Stats", "Health", "arrow_body", "ARROW",
 ]
 
 #: An id as the API takes it: a string, or an integer (the server stores its decimal string).
@@ -55,6 +56,8 @@ _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 #: Dense queries go out in the API's binary body: raw little-endian float32 rows, no JSON numbers
 #: to write or parse (bench/RESULTS.md, "HTTP").
 _BINARY = "application/octet-stream"
+#: The media type of a batch upsert's body: an Arrow IPC stream (:func:`arrow_body`).
+ARROW = "application/vnd.apache.arrow.stream"
 _BODY_FIELD = re.compile(r"^body(?:\[(\d+)\])?$")
 # The server's codes for statuses it answers itself; used when an answer is not in its error shape.
 _CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
@@ -230,31 +233,16 @@ class Client:
         vector is refused, nothing is written and the :class:`ApiError` names it
         (``vectors[i]...``). Metadata is any JSON object; it comes back with every hit.
         """
-        if _is_id(ids):
-            if metadata is not None and not isinstance(metadata, Mapping):
-                raise TypeError("metadata of one vector is a dict (or None)")
-            body: dict[str, Any] = {"id": ids, **_finite(_vector_body(vectors), "values")}
-            if metadata is not None:
-                _check_metadata(metadata, "metadata")
-                body["metadata"] = metadata
-        else:
-            ids = list(ids)
-            rows = _rows(vectors)
-            if len(rows) != len(ids):
-                raise ValueError(f"{len(ids)} ids for {len(rows)} vectors")
-            if not all(_is_id(i) for i in ids):
-                raise TypeError("ids are strings or integers")
-            if metadata is not None:
-                if isinstance(metadata, Mapping) or len(metadata) != len(ids):
-                    raise ValueError("metadata of many vectors is a list with one dict (or None) per vector")
-            items = []
-            for n, (ext_id, row) in enumerate(zip(ids, rows, strict=True)):
-                item = {"id": ext_id, **_finite(row, f"vectors[{n}].values")}
-                if metadata is not None and metadata[n] is not None:
-                    _check_metadata(metadata[n], f"vectors[{n}].metadata")
-                    item["metadata"] = metadata[n]
-                items.append(item)
-            body = {"vectors": items}
+        if not _is_id(ids):  # many: the Arrow body
+            out = self._call("POST", self._at + "/vectors", content=arrow_body(ids, vectors, metadata),
+                             content_type=ARROW)
+            return UpsertResult(int(out["upserted"]), int(out["count"]), int(out["replaced"]))
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError("metadata of one vector is a dict (or None)")
+        body: dict[str, Any] = {"id": ids, **_finite(_vector_body(vectors), "values")}
+        if metadata is not None:
+            _check_metadata(metadata, "metadata")
+            body["metadata"] = metadata
         out = self._call("POST", self._at + "/vectors", body=body)
         return UpsertResult(int(out["upserted"]), int(out["count"]), int(out["replaced"]))
 
@@ -436,6 +424,49 @@ def _binary(rows: Any) -> bytes | None:
     if not np.isfinite(a32).all():
         return None
     return a32.tobytes()
+
+
+def arrow_body(ids: Sequence[Id], vectors: RowsLike,
+               metadata: Sequence[Mapping[str, Any] | None] | None = None) -> bytes:
+    """Many vectors as the API's Arrow upsert body (``POST /vectors`` with ``Content-Type:``
+    :data:`ARROW`): their numbers as raw arrays, not decimal text. What :meth:`Client.upsert`
+    sends for a batch; for a writer of its own HTTP. Values keep their dtype (float32, else
+    float64), so the server reads what JSON would say; the checks are the batch upsert's."""
+    import pyarrow as pa  # here: the client loads without it until a batch is written
+
+    ids = list(ids)
+    rows = _rows(vectors)
+    if len(rows) != len(ids):
+        raise ValueError(f"{len(ids)} ids for {len(rows)} vectors")
+    if not all(_is_id(i) for i in ids):
+        raise TypeError("ids are strings or integers")
+    if metadata is not None and (isinstance(metadata, Mapping) or len(metadata) != len(ids)):
+        raise ValueError("metadata of many vectors is a list with one dict (or None) per vector")
+    for n, row in enumerate(rows):
+        _finite(row, f"vectors[{n}].values")
+        if metadata is not None and metadata[n] is not None:
+            _check_metadata(metadata[n], f"vectors[{n}].metadata")
+    sparse = np.array(["indices" in r for r in rows], dtype=bool)
+    columns = {"id": pa.array([str(i) for i in ids], pa.string()),
+               "values": _list_array(pa, [r["values"] for r in rows])}
+    if sparse.any():
+        columns["indices"] = _list_array(pa, [r.get("indices", np.zeros(0, np.int64)) for r in rows], ~sparse)
+    if metadata is not None:
+        texts = [None if m is None else orjson.dumps(m, option=_JSON_OPTS).decode() for m in metadata]
+        columns["metadata"] = pa.array(texts, pa.string())
+    table = pa.table(columns)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _list_array(pa: Any, arrays: list[np.ndarray], null: np.ndarray | None = None) -> Any:
+    """1-D arrays as one Arrow list array (64-bit offsets); rows where ``null`` is True are null."""
+    offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays], dtype=np.int64)])
+    flat = np.concatenate(arrays) if arrays else np.zeros(0)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat),
+                                         mask=None if null is None else pa.array(null))
 
 
 def _sparse_row(m: Any) -> dict[str, np.ndarray]:

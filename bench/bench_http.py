@@ -13,8 +13,10 @@ is built with ``gmmlsh build`` (kept in ``--index-dir`` for the next run), and m
   connections, one request in flight on each): ``GET /ping`` (the floor: a constant on the
   same server stack), ``GET /neighbors?id=``, ``POST /neighbors/search`` with one dense
   query as JSON and as the binary body, and batches of 100 queries as JSON
-  (``{"queries": [...]}``) and binary: requests/s, queries/s, p50/p99 latency, and the
-  server's CPU time per request (every process of the server; the load generator excluded).
+  (``{"queries": [...]}``) and binary; then upserts of 500 rows (held-out images under ids of
+  their own, replaced over and over, deleted at the end) as JSON and as the Arrow body:
+  requests/s, queries (or rows)/s, p50/p99 latency, and the server's CPU time per request
+  (every process of the server; the load generator excluded).
 
 *Over the floor* is a row's server CPU per request less the floor's; *HTTP adds* is that
 less the in-process CPU of the same query: what serving costs beyond the query itself.
@@ -44,11 +46,15 @@ import orjson
 from bench import scale_data
 from bench.common import emit, free_port
 from bench.loadgen import request_bytes, write_requests
+from gmmlsh.client import ARROW, arrow_body
 from gmmlsh.core import parallel
 from gmmlsh.index.index import Index
 
 BATCH = 100
 NQ = 1000  # held-out queries (test images), sent in turn
+#: Rows an upsert request holds (the operation benchmark's batch), and their ids.
+UPSERT = 500
+UPSERT_IDS = [f"bench-http-{j}" for j in range(UPSERT)]
 
 
 #: Tunes an index on held-out test images 5,000-5,255 (not the measured queries), run by the
@@ -121,6 +127,11 @@ def requests(n: int, Q: np.ndarray, work: Path) -> dict[str, tuple[Path, int]]:
         f"POST {BATCH} queries, binary": ([request_bytes("POST", "/neighbors/search?k=10",
                                                          raw[lo:lo + BATCH].tobytes(), octets)
                                            for lo in range(0, NQ, BATCH)], BATCH),
+        f"POST /vectors, {UPSERT} rows, JSON": ([request_bytes("POST", "/vectors", orjson.dumps(
+            {"vectors": [{"id": i, "values": q} for i, q in zip(UPSERT_IDS, raw, strict=False)]},
+            option=orjson.OPT_SERIALIZE_NUMPY), "application/json")], UPSERT),
+        f"POST /vectors, {UPSERT} rows, Arrow": ([request_bytes("POST", "/vectors",
+                                                               arrow_body(UPSERT_IDS, raw[:UPSERT]), ARROW)], UPSERT),
     }
     out = {}
     for i, (name, (reqs, per)) in enumerate(rows.items()):
@@ -237,6 +248,8 @@ def main(argv=None) -> None:
                                 + " | " + (f"{adds:.3f}" if adds is not None else "")
                                 + f" | {r['errors']} of {r['n']:,} |")
                     finally:
+                        if label == "gmmlsh":  # the index is kept for the next run as it was built
+                            httpx.post(f"http://127.0.0.1:{port}/delete", json={"ids": UPSERT_IDS}, timeout=60)
                         proc.terminate()
                         proc.wait(60)
             lines.append("")

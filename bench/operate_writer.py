@@ -37,6 +37,7 @@ import scipy.sparse as sp
 
 from bench.operate_proc import ready, wait_until
 from bench.zoo import SHAPES
+from gmmlsh.client import ARROW, arrow_body
 from gmmlsh.index.store.location import DEFAULT_PREFIX
 
 #: How long a write is retried before the writer gives up.
@@ -132,15 +133,8 @@ class HttpSink:
             raise RuntimeError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:200]}")
 
     def upsert(self, ids: list[str], X) -> None:
-        import orjson
-
-        if sp.issparse(X):
-            vectors = [{"id": i, "indices": X.indices[X.indptr[j]:X.indptr[j + 1]],
-                        "values": X.data[X.indptr[j]:X.indptr[j + 1]]} for j, i in enumerate(ids)]
-        else:
-            vectors = [{"id": i, "values": X[j]} for j, i in enumerate(ids)]
-        body = orjson.dumps({"vectors": vectors}, option=orjson.OPT_SERIALIZE_NUMPY)
-        self._ok(self.client.post("/vectors", content=body, headers={"content-type": "application/json"}))
+        # The API's Arrow body (what gmmlsh.Client sends for a batch): no decimal text to parse.
+        self._ok(self.client.post("/vectors", content=arrow_body(ids, X), headers={"content-type": ARROW}))
 
     def delete(self, ids: list[str]) -> None:
         if not self.each:

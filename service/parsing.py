@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
+from starlette.requests import Request
 
 from gmmlsh.core.validate import VectorError
 
@@ -22,6 +23,11 @@ def parse_body(adapter: TypeAdapter, body: bytes) -> Any:
         return adapter.validate_json(body)
     except ValidationError as exc:
         raise RequestValidationError(located(exc, "body")) from None
+
+
+def media_type(request: Request) -> str:
+    """A request body's media type: lower case, parameters (``; charset=…``) dropped."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
 def located(exc: ValidationError, where: str) -> list[dict]:

@@ -229,8 +229,8 @@ def test_delete_then_get_is_a_404(client, loaded):
     (lambda c, X: c.query(id="d1", k=101), 422, "invalid_request", "k"),
     (lambda c, X: c.query(id="d1", mode="cosine"), 422, "invalid_request", "mode"),
     (lambda c, X: c.query_batch(ids=["d1"] * (MAX_BATCH + 1)), 413, "too_large", "queries"),
-    (lambda c, X: c.upsert([f"big{i}" for i in range(150)], np.random.default_rng(0).random((150, DIM))),
-     413, "too_large", None),  # 2.3 MB over max_body_bytes (1 MiB): refused before the body is read
+    (lambda c, X: c.upsert([f"big{i}" for i in range(MAX_BATCH)], np.random.default_rng(0).random((MAX_BATCH, DIM))),
+     413, "too_large", None),  # 1.25 MB of float64 over max_body_bytes (1 MiB): refused before the body is read
 ])
 def test_bad_input_is_an_api_error_naming_the_field(client, loaded, call, status, code, field):
     n = client.stats().count

@@ -18,6 +18,7 @@ import pytest
 from redis_fixtures import redis_cluster_url  # noqa: F401
 from shard_fixtures import Proc, node, router
 
+from gmmlsh.client import ARROW, arrow_body
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
 from gmmlsh.index.search import query_codes
@@ -190,7 +191,9 @@ def test_read_your_writes_across_groups(fleet):
         ext = f"ryw{i}"
         groups.add(zlib.crc32(ext.encode()) % 16 % 4)
         v = (X[i] + rng.integers(1, 50, 784)).astype(np.float32)
-        w = httpx.post(url + "/vectors", json={"id": ext, "values": v.tolist()}, timeout=30)
+        sent = {"content": arrow_body([ext], v[None, :]), "headers": {"content-type": ARROW}} if i % 3 == 0 else \
+            {"json": {"id": ext, "values": v.tolist()}}  # the Arrow body and JSON: one write path
+        w = httpx.post(url + "/vectors", timeout=30, **sent)
         assert w.status_code == 200, w.text
         session = w.headers["x-gmmlsh-session"]
         assert int(session) == w.json()["session"]

@@ -32,7 +32,7 @@ from gmmlsh.service.deps import require_api_key
 from gmmlsh.service.errors import ApiError, ORJSONResponse, install_handlers
 from gmmlsh.service.limits import BodyLimitMiddleware
 from gmmlsh.service.opening import open_index
-from gmmlsh.service.parsing import located
+from gmmlsh.service.parsing import located, media_type
 from gmmlsh.service.router.fanout import Fanout, NodeRefused, merge
 from gmmlsh.service.routes import vectors
 from gmmlsh.service.routes.neighbors import (
@@ -146,7 +146,7 @@ def create_router_app(settings: Settings | None = None) -> FastAPI:
         body = await request.body()
         index: Index = request.app.state.index
         dim = index.config.dim
-        if request.headers.get("content-type", "").split(";")[0].strip().lower() == BINARY:
+        if media_type(request) == BINARY:
             try:
                 params = UrlParams.model_validate(url_params(request))
             except ValidationError as exc:
@@ -181,7 +181,8 @@ def create_router_app(settings: Settings | None = None) -> FastAPI:
     async def upsert(request: Request) -> Response:
         index: Index = request.app.state.index
         body = await request.body()
-        out, epoch = await run_in_threadpool(_written, index, lambda: vectors.upsert(index, settings, body))
+        media = media_type(request)
+        out, epoch = await run_in_threadpool(_written, index, lambda: vectors.upsert(index, settings, body, media))
         return _session(out, epoch)
 
     @api.get("/vectors/{id:anypath}")

@@ -36,7 +36,7 @@ from gmmlsh.results import QueryResult
 from gmmlsh.service.deps import held_index
 from gmmlsh.service.errors import ApiError, responses
 from gmmlsh.service.lane import Job
-from gmmlsh.service.parsing import located, parse_body
+from gmmlsh.service.parsing import located, media_type, parse_body
 from gmmlsh.service.schemas import (
     SEARCH_BODY,
     NeighborsParams,
@@ -142,7 +142,7 @@ async def post_search(request: Request) -> Response:
         params = UrlParams.model_validate(url_params(request))
     except ValidationError as exc:
         raise RequestValidationError(located(exc, "query")) from None
-    if request.headers.get("content-type", "").split(";")[0].strip().lower() == BINARY:
+    if media_type(request) == BINARY:
         knobs = url_knobs(settings, params)
         async with held_index(request) as index:
             X = binary_queries(body, index.config.dim, settings.max_batch)

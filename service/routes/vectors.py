@@ -14,9 +14,10 @@ from starlette.responses import Response
 
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.index import Index, UnknownIdError
+from gmmlsh.service import arrow_rows
 from gmmlsh.service.deps import IndexDep, MetricsDep, SettingsDep
 from gmmlsh.service.errors import ApiError, ORJSONResponse, responses
-from gmmlsh.service.parsing import parse_body, request_field
+from gmmlsh.service.parsing import media_type, parse_body, request_field
 from gmmlsh.service.schemas import UPSERT_BODY, DeleteResponse, UpsertResponse, VectorBatch, VectorOut
 from gmmlsh.service.settings import Settings
 
@@ -53,13 +54,18 @@ _EXAMPLES = {
     "a whole first and written atomically: if any vector is bad (wrong dimension, NaN/inf, all zeros, "
     "unsorted/duplicate/out-of-range indices) nothing is written and the 422 names it (e.g. "
     "`vectors[3].indices`). An id given twice in a batch is written once, with its last vector, and "
-    "counted once. Dense vectors give `values`; sparse ones `indices` (strictly increasing) + `values`.",
+    "counted once. Dense vectors give `values`; sparse ones `indices` (strictly increasing) + `values`. "
+    f"Binary: with `Content-Type: {arrow_rows.MEDIA}` the body is an uncompressed Arrow IPC stream with "
+    "columns `id` (string or integer), `values` (a list of numbers a row), optionally `indices` (a list of "
+    "integers, null for a dense row) and `metadata` (a JSON object as a string, or null): the same batch "
+    "without spelling each number in decimal.",
     responses=responses(401, 408, 413, 422, 500, 503, 507),
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/UpsertRequest"}, "examples": _EXAMPLES}}}},
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/UpsertRequest"}, "examples": _EXAMPLES},
+        arrow_rows.MEDIA: {"schema": {"type": "string", "format": "binary"}}}}},
 )
 async def upsert_vectors(request: Request, index: IndexDep, settings: SettingsDep, metrics: MetricsDep) -> Response:
-    out = await run_in_threadpool(upsert, index, settings, await request.body())
+    out = await run_in_threadpool(upsert, index, settings, await request.body(), media_type(request))
     metrics.upserted.inc(out["upserted"])
     return ORJSONResponse(out)
 
@@ -82,27 +88,41 @@ async def delete_vector(id: str, index: IndexDep, metrics: MetricsDep) -> Respon
 # --- the blocking work --------------------------------------------------------------------
 
 
-def upsert(index: Index, settings: Settings, body: bytes) -> dict:
-    """Parse, then hand the rows to the index (it validates and hashes them, each stored in the
-    shape it was sent in) and write them in one all-or-nothing batch."""
-    parsed = parse_body(UPSERT_BODY, body)
-    batch = isinstance(parsed, VectorBatch)
-    vectors = parsed.vectors if batch else [parsed]
-    if len(vectors) > settings.max_batch:
-        raise ApiError(413, f"{len(vectors)} vectors in one request; the limit is {settings.max_batch} (max_batch)",
-                       field="vectors")
-    for i, v in enumerate(vectors):
-        if v.metadata is not None:
-            _check_metadata(v.metadata, settings.max_metadata_bytes, f"vectors[{i}].metadata" if batch else "metadata")
-    meta = [v.metadata for v in vectors]
+def upsert(index: Index, settings: Settings, body: bytes, media: str = "application/json") -> dict:
+    """Parse (JSON, or an Arrow stream: :mod:`gmmlsh.service.arrow_rows`), then hand the rows to
+    the index (it validates and hashes them, each stored in the shape it was sent in) and write
+    them in one all-or-nothing batch."""
+    if media == arrow_rows.MEDIA:
+        table = arrow_rows.read_table(body)
+        _check_count(table.num_rows, settings)
+        ids, rows, meta = arrow_rows.rows_of(table)
+        batch = True
+    else:
+        parsed = parse_body(UPSERT_BODY, body)
+        batch = isinstance(parsed, VectorBatch)
+        vectors = parsed.vectors if batch else [parsed]
+        _check_count(len(vectors), settings)
+        ids = [v.id for v in vectors]
+        rows = [(v.indices, v.values) if v.indices is not None else v.values for v in vectors]
+        meta = [v.metadata for v in vectors]
+    for i, m in enumerate(meta or ()):
+        if m is not None:
+            _check_metadata(m, settings.max_metadata_bytes, f"vectors[{i}].metadata" if batch else "metadata")
     try:
-        prepared = index.prepare_rows([v.id for v in vectors],
-                                      [(v.indices, v.values) if v.indices is not None else v.values for v in vectors],
-                                      meta if any(m is not None for m in meta) else None)
+        given = meta if meta is not None and any(m is not None for m in meta) else None
+        prepared = index.prepare_rows(ids, rows, given)
     except VectorError as exc:
         raise type(exc)(request_field(exc, batch), exc.reason) from None
     written = index.write(prepared)
     return {"upserted": written.vectors, "replaced": written.replaced, "count": int(index.count())}
+
+
+def _check_count(n: int, settings: Settings) -> None:
+    if n == 0:
+        raise ApiError(422, "no vectors: a batch holds at least one", field="vectors")
+    if n > settings.max_batch:
+        raise ApiError(413, f"{n} vectors in one request; the limit is {settings.max_batch} (max_batch)",
+                       field="vectors")
 
 
 def _check_metadata(meta: dict, limit: int, field: str) -> None:
