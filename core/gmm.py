@@ -168,30 +168,34 @@ def _dense_block(Q, qn, X, xn, out):
 
 
 @njit(nogil=True, cache=True)
+def l1_norm(values) -> float:
+    """``Σ |v|`` of one vector's values, in index order, one after the other (no fastmath: no
+    reassociation). A dense row's values (its zeros add exactly nothing) and its nonzeros alone
+    give the same bits: a vector's norm, stored or a query's, must not depend on the shape it
+    came in (the similarity of a vector to itself is then exactly 1 either way)."""
+    s = 0.0
+    for i in range(values.shape[0]):
+        s += abs(np.float64(values[i]))
+    return s
+
+
+@njit(nogil=True, cache=True)
 def _l1_dense(X, out):
-    """Summed in index order, one value after the other (no fastmath: no reassociation), so that
-    a row's norm is bit for bit the same whether it comes dense (its zeros add exactly nothing)
-    or sparse (:func:`_l1_csr`): the stored norm must not depend on the shape a vector came in."""
     for r in range(X.shape[0]):
-        s = 0.0
-        for i in range(X.shape[1]):
-            s += abs(np.float64(X[r, i]))
-        out[r] = s
+        out[r] = l1_norm(X[r])
 
 
 @njit(nogil=True, cache=True)
 def _l1_csr(indptr, data):
     out = np.empty(indptr.shape[0] - 1)
     for r in range(out.shape[0]):
-        s = 0.0
-        for p in range(indptr[r], indptr[r + 1]):
-            s += abs(np.float64(data[p]))
-        out[r] = s
+        out[r] = l1_norm(data[indptr[r]:indptr[r + 1]])
     return out
 
 
 def l1_norms(X) -> np.ndarray:
-    """L1 norm of every row (float64), dense or sparse: the same bits for the same vector either way."""
+    """L1 norm of every row (float64), dense or sparse: the same bits for the same vector either
+    way (:func:`l1_norm`)."""
     if sp.issparse(X):
         X = sp.csr_matrix(X)
         if not X.has_sorted_indices:

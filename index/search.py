@@ -24,6 +24,7 @@ import scipy.sparse as sp
 from gmmlsh.core import nrff
 from gmmlsh.core.bundles import Budget, Query
 from gmmlsh.core.codes import bit_planes
+from gmmlsh.core.gmm import l1_norm, l1_norms
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import spread
 from gmmlsh.core.postings import exact_postings, postings_search
@@ -85,7 +86,7 @@ def sparse_query(row: SparseRow, config: IndexConfig):
         buf = _BUFFERS.dense = np.zeros(config.dim)
     buf[row.indices] = row.values
     try:
-        yield Prepared(_query(None, None, buf, np.abs(row.values, dtype=np.float64).sum()), nonzero=row.indices)
+        yield Prepared(_query(None, None, buf, l1_norm(row.values)), nonzero=row.indices)
     finally:
         buf[row.indices] = 0.0
 
@@ -110,10 +111,10 @@ def prepare_vectors(X32, config: IndexConfig, sketch: bool = True, codes: np.nda
         for i in range(n):
             values = Xh.data[Xh.indptr[i]:Xh.indptr[i + 1]]
             dense[i, nonzero[i]] = values
-            norms[i] = np.abs(values, dtype=np.float64).sum()
+            norms[i] = l1_norm(values)
     else:
         dense, nonzero = np.array(Xh, dtype=np.float64), [None] * n
-        norms = np.abs(dense).sum(axis=1)
+        norms = l1_norms(dense)
     return [Prepared(_query(planes[i], first[i], dense[i], norms[i]), nonzero=nonzero[i]) for i in range(n)]
 
 
