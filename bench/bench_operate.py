@@ -15,7 +15,8 @@ For one shape of the data zoo (:mod:`bench.zoo`) at ``n`` rows:
      process on one keep-alive connection to a 2-worker ``gmmlsh serve``);
    * a writer **process** (:mod:`bench.operate_writer`) upserting ``--write-rate`` rows/s in
      batches of ``--batch`` (new ids and replacements) and deleting ``--delete-rate`` ids/s,
-     paced, through the Python API or over HTTP (``POST /vectors``, ``DELETE /vectors/{id}``);
+     paced, through the Python API or over HTTP (``POST /vectors`` with the Arrow body, as
+     ``gmmlsh.Client`` sends a batch; ``DELETE /vectors/{id}`` or ``POST /delete``);
    * the index's own upkeep, as it falls due (lists, re-tunes on served queries): never
      called by the benchmark, only watched (:mod:`bench.upkeep_watch`).
 3. A final round of other held-out queries, and their recall@10 against the exact truth of
@@ -26,7 +27,8 @@ For one shape of the data zoo (:mod:`bench.zoo`) at ``n`` rows:
 Reported per interval (``--bucket`` seconds): queries/s, p50/p99/max latency, queries over
 ``--slow-ms`` (default 50; 100 over HTTP, acceptance 4), inserts/s and deletes/s achieved,
 the writer's lag; then every upkeep run with its duration and the queries it overlapped,
-and the slowest queries with what was under way. Fixed seeds: the same command writes the
+and the slowest queries with what was under way; over HTTP, which server worker held each
+client's connection (:mod:`bench.sockets`). Fixed seeds: the same command writes the
 same rows. The tables go to ``--out`` (markdown), the raw records beside it (.json, .npz).
 
 Data: the first ``n`` rows and, for the writer, the rows after them (``write-rate × seconds``

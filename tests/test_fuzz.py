@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 from test_crash import ServerProc, record
 
+from gmmlsh.client import ARROW, arrow_body
 from gmmlsh.core.validate import VectorError, check_batch, check_dense, check_sparse
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
@@ -61,6 +62,20 @@ SETTINGS = Settings(index="/nonexistent", dim=DIM, samples=16, max_body_bytes=65
                     api_key=KEY)
 DOCUMENT = create_app(SETTINGS).openapi()
 schema = schemathesis.openapi.from_dict(DOCUMENT)
+
+
+@st.composite
+def _arrow_batches(draw) -> bytes:
+    """A batch as the Arrow upsert body, of ids and rows of the document's dimension."""
+    rows = draw(st.lists(st.lists(st.floats(-1e3, 1e3, allow_subnormal=False), min_size=DIM, max_size=DIM),
+                         min_size=1, max_size=5))
+    ids = draw(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=8),
+                        min_size=len(rows), max_size=len(rows)))
+    return arrow_body(ids, np.array(rows))
+
+
+# The document's Arrow body is raw bytes to schemathesis: junk, or a batch as a client sends it.
+schemathesis.openapi.media_type(ARROW, st.one_of(st.binary(max_size=1024), _arrow_batches()))
 HYPOTHESIS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
                       database=None)
 
