@@ -44,7 +44,7 @@ import numpy as np
 import orjson
 
 from bench import scale_data
-from bench.common import emit, free_port
+from bench.common import children, emit, free_port
 from bench.loadgen import request_bytes, write_requests
 from gmmlsh.client import ARROW, arrow_body
 from gmmlsh.core import parallel
@@ -128,7 +128,7 @@ def requests(n: int, Q: np.ndarray, work: Path) -> dict[str, tuple[Path, int]]:
                                                          raw[lo:lo + BATCH].tobytes(), octets)
                                            for lo in range(0, NQ, BATCH)], BATCH),
         f"POST /vectors, {UPSERT} rows, JSON": ([request_bytes("POST", "/vectors", orjson.dumps(
-            {"vectors": [{"id": i, "values": q} for i, q in zip(UPSERT_IDS, raw, strict=False)]},
+            {"vectors": [{"id": i, "values": q} for i, q in zip(UPSERT_IDS, raw[:UPSERT], strict=True)]},
             option=orjson.OPT_SERIALIZE_NUMPY), "application/json")], UPSERT),
         f"POST /vectors, {UPSERT} rows, Arrow": ([request_bytes("POST", "/vectors",
                                                                arrow_body(UPSERT_IDS, raw[:UPSERT]), ARROW)], UPSERT),
@@ -172,11 +172,10 @@ def _tree_cpu(pid: int) -> float:
         p = stack.pop()
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            for task in Path(f"/proc/{p}/task").iterdir():
-                stack += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError):
             continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+        stack += children(p)
     return total
 
 

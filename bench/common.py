@@ -63,6 +63,17 @@ def start_redis(workdir: Path, port: int | None = None) -> tuple[subprocess.Pope
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (every thread's, from /proc; none once it has exited)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
 def emit(lines: list[str], out: Path | None) -> str:
     """Print a markdown report and, with ``--out``, write it there too."""
     text = "\n".join(lines)

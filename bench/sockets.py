@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from bench.common import children
+
 
 def _socket_inodes(pid: int) -> set[int]:
     inodes = set()
@@ -44,17 +46,6 @@ def _tcp_ends() -> dict[int, tuple[int, int]]:
                 continue
             ends[int(f[9])] = (int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16))
     return ends
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (every thread's children)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
 
 
 def workers_of(server_pid: int, clients: dict[str, int], port: int) -> dict[str, list[int]]:
