@@ -14,7 +14,8 @@ exceeds ``best + U`` (plus a rounding margin) can reach the running minimum
 halves (odd ones) of the sign split. A row walks the list of each sign it has,
 with that sign's own ``U`` (the largest ``lx`` among its nonzeros of that sign),
 and skips the other. Non-negative data — images, counts, tf-idf — thus never
-steps over the negative halves, which are all zero. A block of 32 samples walks
+steps over the negative halves, which are all zero. A row with both signs walks its two
+lists in turns, each stopping at its own bound against the best of both. A block of 32 samples walks
 its lists in lockstep (one vector step per list position, the row's ``lx``
 gathered per lane) until every lane has passed its bound. Zero coordinates stay
 in the lists with ``lx = NaN``, which no comparison takes.
@@ -94,35 +95,44 @@ def _all_passed(nb, bb, U) -> bool:
     return live == 0
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _walk_on(LX, u, E, C, blk, m, end, state) -> bool:
+    """One step of a list at position ``m`` (of a list ending at ``end``, starting at ``end − D``);
+    whether the list must go on after it (it has entries left that may still win)."""
+    gather_step(LX, C[blk, m], E[blk, m], state, np.float64(m))
+    taken = m + 1 - (end - E.shape[1] // 2)
+    if m + 1 == end:
+        return False
+    if taken >= _FIRST_CHECK and taken % _CHECK == 0:
+        return not _all_passed(E[blk, m + 1, 0], state[0], u)
+    return True
+
+
 @njit(nogil=True, cache=True)
 def walk_vector(LX, U, E, C, k, out_row, state) -> bool:
     """i* of one row into ``out_row`` (k values); False if a tie was met (``out_row`` is then void).
 
     ``LX``: ln|value| at each 2D coordinate of the row, NaN where it is zero;
     ``U``: the two signs' bounds (:func:`sign_bounds`); ``state``: (3, 32) float64
-    scratch (see :mod:`core.lane_step`).
+    scratch (see :mod:`core.lane_step`). A row with both signs walks its two lists
+    in turns, a step each, so that both stop against the best of both so far: walked
+    one after the other, the first list ran on until its own best, which the second
+    list's often beats (signed images: 186 steps a block against 111 in turns).
     """
     nblk, M = E.shape[0], E.shape[1]
     half = M // 2
     for blk in range(nblk):
         state[0, :] = np.inf
         state[1:, :] = 0.0
-        for s in range(2):
-            u = U[s]
-            if np.isnan(u):
-                continue
-            m0 = s * half
-            m1 = m0 + half
-            # A later list may already be beaten at its first entry.
-            if s > 0 and _all_passed(E[blk, m0, 0], state[0], u):
-                continue
-            m = m0
-            while m < m1:
-                gather_step(LX, C[blk, m], E[blk, m], state, np.float64(m))
-                m += 1
-                if m - m0 >= _FIRST_CHECK and (m - m0) % _CHECK == 0 and m < m1:
-                    if _all_passed(E[blk, m, 0], state[0], u):
-                        break
+        pos_on, neg_on = not np.isnan(U[0]), not np.isnan(U[1])
+        mp, mn = 0, half
+        while pos_on or neg_on:
+            if pos_on:
+                pos_on = _walk_on(LX, U[0], E, C, blk, mp, half, state)
+                mp += 1
+            if neg_on:
+                neg_on = _walk_on(LX, U[1], E, C, blk, mn, M, state)
+                mn += 1
         for jj in range(LANES):
             if state[2, jj] != 0.0:
                 return False
