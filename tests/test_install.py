@@ -77,3 +77,34 @@ def test_an_editable_install_after_a_package_install_imports(unprivileged):
     mine = home / "mine"
     _run([*as_user, py, "-c", KERNEL], home, {**env, "NUMBA_CACHE_DIR": str(mine)})
     assert list(mine.rglob("*.nbi"))
+
+
+def test_the_kernel_cache_is_named_by_every_kernel_source(tmp_path, monkeypatch):
+    """numba checks only a cached kernel's own file: after an edit of a kernel it calls from
+    another module it would run the old code. The cache folder's name covers every source."""
+    import gmmlsh
+
+    for name in ("core/gcws.py", "core/gcws_walk.py", "index/columns.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    monkeypatch.setattr(gmmlsh, "__file__", str(tmp_path / "__init__.py"))
+    before = gmmlsh._kernel_fingerprint()
+    assert gmmlsh._kernel_fingerprint() == before
+    os.utime(tmp_path / "core/gcws_walk.py", ns=(1, 1))
+    edited = gmmlsh._kernel_fingerprint()
+    assert edited != before
+    (tmp_path / "core/gcws_walk.py").write_text("x = 22\n")
+    assert gmmlsh._kernel_fingerprint() not in (before, edited)
+
+
+def test_kernel_caches_of_other_sources_go_once_a_day_old(tmp_path):
+    import gmmlsh
+
+    old, young = tmp_path / "0123456789abcdef", tmp_path / "fedcba9876543210"
+    for d in (old, young):
+        (d / "core_1").mkdir(parents=True)
+        (d / "core_1" / "k.nbi").write_bytes(b"")
+    os.utime(old, (0, 0))
+    gmmlsh._remove_old_kernels(tmp_path)
+    assert not old.exists() and young.exists()
+    gmmlsh._remove_old_kernels(tmp_path / "missing")  # no cache yet: nothing to do
