@@ -208,7 +208,9 @@ class SlowTrace:
             names = {t.ident: t.name for t in threading.enumerate()}
             lines = [f"Call {n}, past {self.after * 1e3:g} ms:"]
             for ident, frame in sys._current_frames().items():
-                stack = traceback.extract_stack(frame)[::-1]  # innermost first
+                # innermost first; no source lines: reading them held the interpreter lock for
+                # tens of ms, which the slow query, waiting for that lock, was then charged
+                stack = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
                 if ident == thread:
                     self.where[" ← ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[:3])] += 1
                 lines.append(f"Thread {names.get(ident, ident)}:")
