@@ -175,8 +175,11 @@ class Upkeep:
             if any(self._held(lane) for lane in LANES):
                 return  # another process's runs
             env = {**os.environ, WORKER_ENV: json.dumps(self.index.open_args, default=str)}
+            # A process group of its own (a terminal's Ctrl-C is not its), the session of this
+            # process: Linux's autogroups share the CPU between sessions first, so a worker in a
+            # session of its own took half of a busy machine whatever its lanes' nice values.
             self._worker = subprocess.Popen([sys.executable, "-m", "gmmlsh.index.upkeep"], env=env,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, process_group=0)
 
     def _held(self, lane: str) -> bool:
         with self.mirror.locked(lane, blocking=False) as mine:
@@ -481,11 +484,14 @@ def recent_events(directory, count: int) -> list[dict]:
 
 
 def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority by :data:`NICE` (Linux: per thread; the threads it
-    starts, :mod:`gmmlsh.core.parallel`'s pool threads among them, inherit it)."""
+    """Lower the calling thread's CPU priority by :data:`NICE` and make it a batch thread, which a
+    wakeup does not let preempt a running query (Linux: per thread; the threads it starts,
+    :mod:`gmmlsh.core.parallel`'s pool threads among them, inherit both). Both count only against
+    threads of the same session: see :meth:`Upkeep.poke`."""
     tid = threading.get_native_id()
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
+        os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
     except OSError as exc:  # not allowed here: the lane runs at the process's priority
         log.info("upkeep: priority not lowered: %s", exc)
 

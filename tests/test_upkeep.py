@@ -268,26 +268,47 @@ def test_the_fast_lane_builds_its_segments_on_its_own_thread(tmp_path, fmnist, m
 
 
 def test_upkeep_lanes_lower_their_own_priority_only():
-    """A worker's lanes run below the queries' priority, its follower (which takes the lock a
-    query may wait for) at the process's: the priority is lowered per thread."""
+    """A worker's lanes run below the queries' priority, as batch threads (no preemption on
+    wakeup), its follower (which takes the lock a query may wait for) at the process's: the
+    priority and the policy are set per thread, and the threads a lane starts inherit them."""
     from gmmlsh.index import upkeep
 
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    def priority() -> tuple[int, int]:
+        tid = threading.get_native_id()
+        return os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid)
+
+    mine = priority()
     seen = {}
 
     def lane():
         upkeep._lower_priority()
-        seen["lane"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        child = threading.Thread(target=lambda: seen.update(child=os.getpriority(
-            os.PRIO_PROCESS, threading.get_native_id())))
+        seen["lane"] = priority()
+        child = threading.Thread(target=lambda: seen.update(child=priority()))
         child.start()
         child.join()
 
     t = threading.Thread(target=lane)
     t.start()
     t.join()
-    assert seen["lane"] == min(19, mine + upkeep.NICE) and seen["child"] == seen["lane"]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert seen["lane"] == (min(19, mine[0] + upkeep.NICE), os.SCHED_BATCH) and seen["child"] == seen["lane"]
+    assert priority() == mine and mine[1] == os.SCHED_OTHER
+
+
+def test_the_upkeep_worker_shares_the_session_of_the_process_that_starts_it(tmp_path, fmnist):
+    """Linux's autogroups share the CPU between sessions before threads: a worker started in a
+    session of its own took half of a busy machine whatever its lanes' nice values. It runs in
+    its starter's session, in a process group of its own (a terminal's Ctrl-C is not for it)."""
+    X = fmnist[0]
+    with Index.open(tmp_path / "i", IndexConfig(dim=784, samples=64)) as ix:
+        ix.upsert(_ids(0, 3000), X[:3000])
+        deadline = time.monotonic() + 60
+        while ix.upkeep._worker is None and time.monotonic() < deadline:
+            ix.query(X[0], k=1)  # a query looks at what is due, and starts a worker
+            time.sleep(0.1)
+        worker = ix.upkeep._worker
+        assert worker is not None, "no upkeep worker started"
+        assert os.getsid(worker.pid) == os.getsid(0)
+        assert os.getpgid(worker.pid) == worker.pid != os.getpgid(0)
 
 
 def test_an_lmdb_write_is_searchable_when_acknowledged_and_a_query_never_syncs_for_another(tmp_path, fmnist,
