@@ -1,0 +1,81 @@
+"""How long the machine itself stalls a thread that only computes: the floor under any latency.
+
+A thread runs fixed units of CPU work (a sort of 3,000 floats, tens of µs) for ``--seconds`` and
+times each; every unit over ``--over`` ms is listed with what the kernel counted for it
+(``getrusage`` of the thread: CPU time, involuntary switches, minor faults). A stall with no
+switch and no fault, charged as the thread's own CPU time, is time the virtual CPU lost to its
+host. ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy, as
+under the operation benchmark's load).
+
+    python -m bench.machine_stalls [--seconds 600] [--busy 0] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import emit
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def stalls(seconds: float, over_ms: float) -> tuple[int, float, list[tuple[float, float, int, int]]]:
+    """(units run, the longest unit's ms, [(ms, CPU ms, involuntary switches, minor faults) of each
+    unit over ``over_ms``])."""
+    x = np.random.default_rng(0).random(3000)
+    np.sort(x)
+    units, longest, slow = 0, 0.0, []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        t = time.perf_counter()
+        np.sort(x)
+        took = time.perf_counter() - t
+        units += 1
+        longest = max(longest, took * 1e3)
+        if took * 1e3 > over_ms:
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            slow.append((took * 1e3, cpu * 1e3, after.ru_nivcsw - before.ru_nivcsw, after.ru_minflt - before.ru_minflt))
+    return units, longest, slow
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=600.0)
+    p.add_argument("--over", type=float, default=5.0, help="list units over this many ms")
+    p.add_argument("--busy", type=int, default=0, help="processes spinning beside the timed thread")
+    p.add_argument("--out", type=Path, help="write the report here too")
+    a = p.parse_args(argv)
+    stop = multiprocessing.Event()
+    spinners = [multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(a.busy)]
+    for s in spinners:
+        s.start()
+    try:
+        units, longest, slow = stalls(a.seconds, a.over)
+    finally:
+        stop.set()
+        for s in spinners:
+            s.join()
+    quiet = sum(1 for _, cpu, sw, flt in slow if sw == 0 and flt == 0)
+    lines = [f"    python -m bench.machine_stalls --seconds {a.seconds:g} --busy {a.busy}", "",
+             f"{units:,} units ({a.seconds / units * 1e6:.0f} µs each on average) in {a.seconds:g} s, "
+             f"{a.busy} spinning process(es) beside: "
+             f"{len(slow)} over {a.over:g} ms, the longest {longest:.1f} ms; "
+             f"{quiet} of them with no context switch and no fault.", "",
+             "| ms | CPU ms (the thread's) | involuntary switches | minor faults |", "|---:|---:|---:|---:|"]
+    lines += [f"| {ms:.1f} | {cpu:.1f} | {sw} | {flt} |" for ms, cpu, sw, flt in sorted(slow, reverse=True)]
+    emit(lines, a.out)
+
+
+if __name__ == "__main__":
+    main()
