@@ -492,8 +492,8 @@ def _lower_priority() -> None:
     try:
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
         os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
-    except OSError as exc:  # not allowed here: the lane runs at the process's priority
-        log.info("upkeep: priority not lowered: %s", exc)
+    except OSError as exc:  # not allowed here: the lane runs at (or nearer) the process's priority
+        log.info("upkeep: lane priority not lowered all the way: %s", exc)
 
 
 def _alive(pid: int) -> bool:
