@@ -96,11 +96,11 @@ def _all_passed(nb, bb, U) -> bool:
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _walk_on(LX, u, E, C, blk, m, end, state) -> bool:
-    """One step of a list at position ``m`` (of a list ending at ``end``, starting at ``end − D``);
-    whether the list must go on after it (it has entries left that may still win)."""
+def _walk_on(LX, u, E, C, blk, start, m, end, state) -> bool:
+    """One step at position ``m`` of the list ``[start, end)``; whether the list must go on after
+    it (it has entries left that may still win)."""
     gather_step(LX, C[blk, m], E[blk, m], state, np.float64(m))
-    taken = m + 1 - (end - E.shape[1] // 2)
+    taken = m + 1 - start
     if m + 1 == end:
         return False
     if taken >= _FIRST_CHECK and taken % _CHECK == 0:
@@ -128,10 +128,10 @@ def walk_vector(LX, U, E, C, k, out_row, state) -> bool:
         mp, mn = 0, half
         while pos_on or neg_on:
             if pos_on:
-                pos_on = _walk_on(LX, U[0], E, C, blk, mp, half, state)
+                pos_on = _walk_on(LX, U[0], E, C, blk, 0, mp, half, state)
                 mp += 1
             if neg_on:
-                neg_on = _walk_on(LX, U[1], E, C, blk, mn, M, state)
+                neg_on = _walk_on(LX, U[1], E, C, blk, half, mn, M, state)
                 mn += 1
         for jj in range(LANES):
             if state[2, jj] != 0.0:
