@@ -94,6 +94,12 @@ _WIDE = (3000, 400)
 #: Recall (the exploration's bound) within which fewer lists than all count as all: past it, more
 #: lists add little and a longer shortlist is what a widened search needs.
 SATURATED = 0.01
+#: Where the sketch searches that seemed to reach the target miss it on the whole sample, the
+#: postings searches are explored only if the cheapest costs under this many times theirs: a
+#: near miss is a few steps of widening from reaching (strokes at 1.9M: the postings searches,
+#: 0.12 s a query, took the tuning's time, and it fell back to exact search at 0.25 s a query,
+#: where 96 lists and a longer shortlist reach at ~1.5 ms).
+NEAR_MISS = 4.0
 #: Seconds from a tuning's start after which its widening takes no further step (upkeep has a
 #: bounded cost: where the target is out of reach, each step past every list scores the whole
 #: sample at tens of ms a query, and a widening to the end ran over 10 minutes at 2M rows).
@@ -294,23 +300,28 @@ def _cheapest_at(trials: _Trials, probes: int, rank_bits: int) -> list[tuple[flo
 
 def _sketch_settings(trials: _Trials, lists: int, rank_choices: list[int]) -> list[tuple[float, SearchParams, float]]:
     """Sketch searches reaching the target on the ladder (most rank bits first: fewer bits rank
-    less precisely, so they never reach it with fewer lists than more bits needed)."""
+    less precisely, so they never reach it with fewer lists than more bits needed). Each walk
+    ends one list count past its first that reaches, whether that one reaches or not: at a fixed
+    shortlist, more lists can recall less (strokes at 1.9M: 0.964 at 96 lists, 0.952–0.959 at
+    128 to all), and walking on to every list spent the trials and the slowest of them. A
+    walk with fewer bits takes the same two list counts at most."""
     reached: list[tuple[float, SearchParams, float]] = []
-    ladder, start = _probe_ladder(lists), 0
+    ladder = _probe_ladder(lists)
+    start, stop = 0, len(ladder)
     for rank_bits in rank_choices:
         first_hit = None
-        for i in range(start, len(ladder)):
+        for i in range(start, stop):
             if trials.spent:
                 break
             found = _cheapest_at(trials, ladder[i], rank_bits)
             reached += found
-            if found and first_hit is None:
-                first_hit = i
-            elif found:  # one more list count after the first that reaches: more only cost more
+            if first_hit is not None:
                 break
+            if found:
+                first_hit = i
         if first_hit is None:
             break
-        start = first_hit
+        start, stop = first_hit, min(first_hit + 2, stop)
     return reached
 
 
@@ -488,8 +499,9 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     rival = min((s for s, _, _ in reached), default=float("inf"))
     reached += _postings_settings(trials, rival)
     finalists = _finalists(view, qs, true, config, target, reached)
-    if not finalists and rival < float("inf"):  # the sketch searches that seemed to reach it did not
-        postings = _postings_settings(trials, float("inf"))
+    if not finalists and rival < float("inf"):  # the sketch searches that seemed to reach it did not:
+        # the postings searches, unless slower than the sketch search widened a few steps (below)
+        postings = _postings_settings(trials, NEAR_MISS * rival)
         reached += postings
         finalists = _finalists(view, qs, true, config, target, postings)
     widened = not finalists

@@ -543,6 +543,60 @@ def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, f
             assert tuner._recall(view, qs, truth, params, ix.config, scored=True) == pytest.approx(bound, abs=1e-12)
 
 
+def test_the_ladder_walk_ends_one_list_count_past_the_first_that_reaches(monkeypatch):
+    """Strokes at 1.9M rows: at a fixed shortlist more lists can recall less (96 lists reached
+    the target, 128 to every list missed it), and the walk went on to every list, with both
+    rank widths: the trials ran out and the slowest of them took the tuning's time. A walk ends
+    one list count past its first that reaches; the walk with fewer rank bits takes those two."""
+    from gmmlsh.index import tuner
+
+    walked = []
+
+    def recall(view, qs, true, params, config, scored=False):
+        walked.append((params.probes, params.rank_bits))
+        reach = (params.probes, params.rank_bits) == (96, 4) and params.shortlist >= 3000 and params.candidates >= 300
+        return 0.97 if reach else 0.95 + params.shortlist * 1e-6  # below the target, growing with the shortlist
+
+    monkeypatch.setattr(tuner, "_recall", recall)
+    monkeypatch.setattr(tuner._Trials, "seconds", lambda self, params, rounds=1, qs=None: 1e-3)
+    trials = tuner._Trials(view=None, qs=[], true=[], config=None, target=0.96, hash_s=0.0)
+    reached = tuner._sketch_settings(trials, 3710, [4, 2])
+    assert {p.probes for _, p, _ in reached} == {96} and {p.rank_bits for _, p, _ in reached} == {4}
+    ladder = tuner._probe_ladder(3710)
+    assert {p for p, bits in walked if bits == 4} == set(ladder[:ladder.index(128) + 1])
+    assert {p for p, bits in walked if bits == 2} == {96, 128}  # never every list (0), nor 192 and up
+
+
+def test_a_near_miss_is_widened_before_any_slow_postings_search_is_explored(tmp_path, fmnist, monkeypatch):
+    """Strokes at 1.9M rows: the sketch searches the exploration found reaching the target
+    missed it on the whole sample, scored; the postings searches (0.12 s a query) were explored
+    next and took the tuning's time, no widening was left, and exact search answered (0.25 s a
+    query) where a longer shortlist reached the target at ~1 ms. Postings searches costing over
+    ``NEAR_MISS`` times the near miss are not explored: the sketch search is widened first."""
+    from gmmlsh.index import tuner
+    from gmmlsh.index.mirror import View
+
+    X, _, _, _ = fmnist
+    tried = []
+
+    def recall(view, qs, true, params, config, scored=False):
+        tried.append("postings" if params.rare else "sketch")
+        if params.rare:
+            return 0.0
+        return 0.99 if params.shortlist >= (2000 if scored else 500) and not 0 < params.probes < 6 else 0.9
+
+    monkeypatch.setattr(tuner, "_recall", recall)
+    monkeypatch.setattr(View, "postings_search", property(lambda self: True))
+    monkeypatch.setattr(tuner._Trials, "seconds",
+                        lambda self, p, rounds=1, qs=None: 0.1 if p.rare else 1e-6 * (1 + (p.probes or 100)))
+    with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
+        ix.upsert(_ids(0, 6000), X[:6000])
+        report = ix.maintain()["tune"][0]
+        search = ix.stats()["search"]
+    assert report["chosen"] == "sketch" and search["shortlist"] >= 2000 and search["rare"] == 0
+    assert "postings" not in tried
+
+
 def test_a_search_that_misses_on_the_whole_sample_is_widened_a_step_at_a_time_then_trimmed(monkeypatch):
     """Fashion-MNIST at a million: the cheapest settings the exploration found (16–24 lists)
     missed the target on the whole sample, scored, and the search went straight to every list
