@@ -17,7 +17,9 @@ family of settings whose fastest member is slower than the best found so far is 
 explored (where the ladder reaches nothing, the sketch search is first widened, while it
 costs less than the cheapest postings search, and one that reaches the target sets that bar:
 on image-like sparse rows every postings search is slower, and exploring them took most of a
-build's time); only the few fastest finalists are checked, scored, on the whole sample.
+build's time; where the sketch searches found miss on the whole sample, the bar is
+:data:`NEAR_MISS` times theirs); the walk up the ladder's list counts ends one past its first
+hit; only the few fastest finalists are checked, scored, on the whole sample.
 
 **No cliff.** Where nothing on the ladder reaches the target, the search is widened (more
 lists, longer shortlists, more candidates; on text-like data the postings search too) until it
