@@ -99,8 +99,8 @@ SATURATED = 0.01
 #: Where the sketch searches that seemed to reach the target miss it on the whole sample, the
 #: postings searches are explored only if the cheapest costs under this many times theirs: a
 #: near miss is a few steps of widening from reaching (strokes at 1.9M: the postings searches,
-#: 0.12 s a query, took the tuning's time, and it fell back to exact search at 0.25 s a query,
-#: where 96 lists and a longer shortlist reach at ~1.5 ms).
+#: 0.12 s a query, took the tuning's time, and it fell back to exact search at 0.24 s a query,
+#: where 128 lists and a longer shortlist reach the target at 1.25 ms).
 NEAR_MISS = 4.0
 #: Seconds from a tuning's start after which its widening takes no further step (upkeep has a
 #: bounded cost: where the target is out of reach, each step past every list scores the whole

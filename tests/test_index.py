@@ -570,8 +570,8 @@ def test_the_ladder_walk_ends_one_list_count_past_the_first_that_reaches(monkeyp
 def test_a_near_miss_is_widened_before_any_slow_postings_search_is_explored(tmp_path, fmnist, monkeypatch):
     """Strokes at 1.9M rows: the sketch searches the exploration found reaching the target
     missed it on the whole sample, scored; the postings searches (0.12 s a query) were explored
-    next and took the tuning's time, no widening was left, and exact search answered (0.25 s a
-    query) where a longer shortlist reached the target at ~1 ms. Postings searches costing over
+    next and took the tuning's time, no widening was left, and exact search answered (0.24 s a
+    query) where more lists and a longer shortlist reached the target at 1.25 ms. Postings searches costing over
     ``NEAR_MISS`` times the near miss are not explored: the sketch search is widened first."""
     from gmmlsh.index import tuner
     from gmmlsh.index.mirror import View
