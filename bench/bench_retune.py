@@ -6,7 +6,11 @@ For each shape of the data zoo (:mod:`bench.zoo`): ``gmmlsh build`` of its first
 truth — an exact search of every sample query —, its trials, the setting chosen).
 
     python -m bench.bench_retune --shapes fashion,signed,strokes,text --n 1000000 --workdir DIR \\
-        [--queries 256] [--rounds 2] [--keep] [--out bench/out/retune-1m.md]
+        [--queries 256] [--rounds 2] [--keep] [--grow-to N] [--out bench/out/retune-1m.md]
+
+``--grow-to N``: before the re-tunes, the index grows to ``N`` rows by upserts of the shape's
+next rows (batches of 10,000), and the upkeep that falls due runs (at twice the rows the fit
+was made at, a new fit with new profiles): the re-tune an index meets once it has doubled.
 
 The index stays in ``--workdir`` (``lmdb-SHAPE-N``): ~10 GB a shape at 1M; without
 ``--keep`` it is removed after its shape's rounds.
@@ -26,6 +30,25 @@ from gmmlsh.index.index import Index
 
 #: The tuned search's knobs the report names (those set).
 SETTING = ("probes", "shortlist", "candidates", "rare", "exact")
+
+
+#: Rows an upsert of ``--grow-to`` carries.
+GROW_BATCH = 10_000
+
+
+def grow(where: Path, shape: zoo.Shape, n: int, to: int) -> dict:
+    """Rows ``n … to − 1`` of ``shape`` upserted into the index at ``where`` (ids continue the
+    build's row numbers), then the upkeep due: the seconds of each, and the upkeep's report."""
+    with Index.open(where, maintain=False) as ix:
+        t = time.perf_counter()
+        for lo in range(n, to, GROW_BATCH):
+            hi = min(to, lo + GROW_BATCH)
+            ix.upsert([str(i) for i in range(lo, hi)], shape.grown.rows(lo, hi))
+        upserts = time.perf_counter() - t
+        t = time.perf_counter()
+        done = ix.maintain()
+        return {"upsert_seconds": upserts, "upkeep_seconds": time.perf_counter() - t,
+                "fit": done.get("fit"), "lists": ix.view().list_count}
 
 
 def retune(where: Path, queries, rounds: int) -> list[dict]:
@@ -50,10 +73,13 @@ COLUMNS = (("re-tune s", lambda run: f"{run['seconds']:.1f}"), ("truth s", lambd
 
 
 def report(rows: list[dict], a: argparse.Namespace) -> list[str]:
-    """The markdown table: a row per re-tune, the build's time on each shape's first."""
+    """The markdown table: a row per re-tune, the build's time on each shape's first; then how
+    each index grew (``--grow-to``)."""
+    grown = f" --grow-to {a.grow_to}" if a.grow_to else ""
+    size = f"{a.n:,} rows grown to {a.grow_to:,}" if a.grow_to else f"{a.n:,} rows"
     lines = [f"    python -m bench.bench_retune --shapes {a.shapes} --n {a.n} --queries {a.queries} "
-             f"--rounds {a.rounds}", "",
-             f"| shape ({a.n:,} rows) | build | " + " | ".join(h for h, _ in COLUMNS) + " |",
+             f"--rounds {a.rounds}{grown}", "",
+             f"| shape ({size}) | build | " + " | ".join(h for h, _ in COLUMNS) + " |",
              "|---|---:|" + "---:|" * (len(COLUMNS) - 1) + "---|"]
     for r in rows:
         took = r["build_seconds"]
@@ -61,6 +87,11 @@ def report(rows: list[dict], a: argparse.Namespace) -> list[str]:
             built = f"{took:.1f} s ({a.n / took:,.0f} rows/s)" if took and not i else ""
             cells = [str(show(run)) if show(run) is not None else "—" for _, show in COLUMNS]
             lines.append(f"| {r['shape']} | {built} | " + " | ".join(cells) + " |")
+    for r in rows:
+        if r.get("grown"):
+            g = r["grown"]
+            lines.append(f"\n- {r['shape']}: upserts {g['upsert_seconds']:.1f} s, then upkeep "
+                         f"{g['upkeep_seconds']:.1f} s (fit: {g['fit']}); {g['lists']:,} lists")
     return lines
 
 
@@ -72,6 +103,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--keep", action="store_true", help="keep each index (and use one already built)")
+    p.add_argument("--grow-to", type=int, help="grow each index to this many rows before the re-tunes")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     rows = []
@@ -83,8 +115,9 @@ def main() -> None:
             shutil.rmtree(where, ignore_errors=True)
             shape.data(a.n)
             built = build_index(shape.path(a.n), store_args(where))
+        grown = grow(where, shape, a.n, a.grow_to) if a.grow_to else None
         runs = retune(where, shape.queries(a.queries, 0), a.rounds)
-        rows.append({"shape": name, "build_seconds": built and built["command_seconds"], "runs": runs})
+        rows.append({"shape": name, "build_seconds": built and built["command_seconds"], "grown": grown, "runs": runs})
         print(json.dumps(rows[-1], default=str), flush=True)
         if not a.keep:
             shutil.rmtree(where, ignore_errors=True)
