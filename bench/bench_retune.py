@@ -12,8 +12,8 @@ truth — an exact search of every sample query —, its trials, the setting cho
 next rows (batches of 10,000), and the upkeep that falls due runs (at twice the rows the fit
 was made at, a new fit with new profiles): the re-tune an index meets once it has doubled.
 
-The index stays in ``--workdir`` (``lmdb-SHAPE-N``): ~10 GB a shape at 1M; without
-``--keep`` it is removed after its shape's rounds.
+The index stays in ``--workdir`` (``lmdb-SHAPE-N``): ~10 GB a shape at 1M (twice that grown
+to 2M); without ``--keep`` it is removed after its shape's rounds.
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ def main() -> None:
     p.add_argument("--grow-to", type=int, help="grow each index to this many rows before the re-tunes")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
+    if a.grow_to is not None and a.grow_to <= a.n:
+        p.error(f"--grow-to: must be above --n ({a.n:,}), got {a.grow_to:,}")
     rows = []
     for name in a.shapes.split(","):
         shape = zoo.SHAPES[name]
