@@ -41,9 +41,14 @@ def grow(where: Path, shape: zoo.Shape, n: int, to: int) -> dict:
     build's row numbers), then the upkeep due: the seconds of each, and the upkeep's report."""
     with Index.open(where, maintain=False) as ix:
         t = time.perf_counter()
-        for lo in range(n, to, GROW_BATCH):
-            hi = min(to, lo + GROW_BATCH)
-            ix.upsert([str(i) for i in range(lo, hi)], shape.grown.rows(lo, hi))
+        lo = n
+        while lo < to:  # a generator block at a time, each made once (a stroke block takes ~1 s)
+            hi = min(to, (lo // shape.grown.base + 1) * shape.grown.base)
+            X = shape.grown.rows(lo, hi)
+            for a in range(0, hi - lo, GROW_BATCH):
+                b = min(hi - lo, a + GROW_BATCH)
+                ix.upsert([str(i) for i in range(lo + a, lo + b)], X[a:b])
+            lo = hi
         upserts = time.perf_counter() - t
         t = time.perf_counter()
         done = ix.maintain()
