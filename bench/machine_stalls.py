@@ -4,7 +4,8 @@ A thread runs fixed units of CPU work (a sort of 3,000 floats, tens of µs) for 
 times each; every unit over ``--over`` ms is listed with what the kernel counted for it
 (``getrusage`` of the thread: CPU time, involuntary switches, minor faults). A stall with no
 switch and no fault, charged as the thread's own CPU time, is time the virtual CPU lost to its
-host. ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy, as
+host; the host's ``steal`` around each (:mod:`bench.host_steal`) says how much of it the kernel
+saw taken. ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy, as
 under the operation benchmark's load).
 
     python -m bench.machine_stalls [--seconds 600] [--busy 0] [--out FILE]
@@ -15,12 +16,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from bench.common import emit
+from bench.host_steal import StealSampler
 
 
 def _spin(stop) -> None:
@@ -28,24 +31,25 @@ def _spin(stop) -> None:
         sum(range(10_000))
 
 
-def stalls(seconds: float, over_ms: float) -> tuple[int, float, list[tuple[float, float, int, int]]]:
-    """(units run, the longest unit's ms, [(ms, CPU ms, involuntary switches, minor faults) of each
-    unit over ``over_ms``])."""
+def stalls(seconds: float, over_ms: float) -> tuple[int, float, list[tuple[float, float, int, int, float]]]:
+    """(units run, the longest unit's ms, [(ms, CPU ms, involuntary switches, minor faults, start
+    on ``time.monotonic``) of each unit over ``over_ms``])."""
     x = np.random.default_rng(0).random(3000)
     np.sort(x)
     units, longest, slow = 0, 0.0, []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         before = resource.getrusage(resource.RUSAGE_THREAD)
-        t = time.perf_counter()
+        t = time.monotonic()
         np.sort(x)
-        took = time.perf_counter() - t
+        took = time.monotonic() - t
         units += 1
         longest = max(longest, took * 1e3)
         if took * 1e3 > over_ms:
             after = resource.getrusage(resource.RUSAGE_THREAD)
             cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-            slow.append((took * 1e3, cpu * 1e3, after.ru_nivcsw - before.ru_nivcsw, after.ru_minflt - before.ru_minflt))
+            slow.append((took * 1e3, cpu * 1e3, after.ru_nivcsw - before.ru_nivcsw, after.ru_minflt - before.ru_minflt,
+                         t))
     return units, longest, slow
 
 
@@ -61,19 +65,25 @@ def main(argv: list[str] | None = None) -> None:
     for s in spinners:
         s.start()
     try:
-        units, longest, slow = stalls(a.seconds, a.over)
+        with tempfile.TemporaryDirectory() as tmp, StealSampler(Path(tmp) / "steal.txt") as steal:
+            units, longest, slow = stalls(a.seconds, a.over)
     finally:
         stop.set()
         for s in spinners:
             s.join()
-    quiet = sum(1 for _, cpu, sw, flt in slow if sw == 0 and flt == 0)
+    quiet = sum(1 for _, cpu, sw, flt, _ in slow if sw == 0 and flt == 0)
+    stolen = [steal.log.during(t, t + ms / 1e3) * 1e3 for ms, _, _, _, t in slow]
+    hosts = sum(ms - took <= a.over for (ms, *_), took in zip(slow, stolen, strict=True))
     lines = [f"    python -m bench.machine_stalls --seconds {a.seconds:g} --busy {a.busy}", "",
              f"{units:,} units ({a.seconds / units * 1e6:.0f} µs each on average) in {a.seconds:g} s, "
              f"{a.busy} spinning process(es) beside: "
              f"{len(slow)} over {a.over:g} ms, the longest {longest:.1f} ms; "
-             f"{quiet} of them with no context switch and no fault.", "",
-             "| ms | CPU ms (the thread's) | involuntary switches | minor faults |", "|---:|---:|---:|---:|"]
-    lines += [f"| {ms:.1f} | {cpu:.1f} | {sw} | {flt} |" for ms, cpu, sw, flt in sorted(slow, reverse=True)]
+             f"{quiet} of them with no context switch and no fault; in {hosts} the host took a CPU (`steal`) "
+             f"for at least the time past {a.over:g} ms; {steal.log.total(-np.inf, np.inf):.2f} CPU s stolen in all.",
+             "", "| ms | CPU ms (the thread's) | involuntary switches | minor faults | host steal around it, ms |",
+             "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {ms:.1f} | {cpu:.1f} | {sw} | {flt} | {took:.0f} |"
+              for (ms, cpu, sw, flt, _), took in sorted(zip(slow, stolen, strict=True), reverse=True)]
     emit(lines, a.out)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bench.host_steal import StealLog
+
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:,.1f}"
@@ -22,14 +24,15 @@ def _overlap(events: list[dict], t: float, lat: float) -> list[dict]:
 
 
 def intervals(q: dict, writer: dict, events: list[dict], t0: float, seconds: float, bucket: float,
-              slow: float) -> list[str]:
+              slow: float, steal: StealLog) -> list[str]:
     """Per interval: queries/s, p50/p99/max latency, slow queries; rows upserted and ids deleted
-    a second by the ticks the writer ran in it, and their worst lag; the upkeep that started in it."""
+    a second by the ticks the writer ran in it, and their worst lag; the CPU time the host took
+    from the machine (:mod:`bench.host_steal`); the upkeep that started in it."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     ticks = np.asarray(writer["ticks"]).reshape(-1, 6)  # due, start, upserted, end, rows, deleted
     L = [f"| interval (s) | queries/s | p50 ms | p99 ms | max ms | > {slow * 1e3:.0f} ms | query errors | "
-         "inserts/s | deletes/s | writer lag, max (s) | upkeep started |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+         "inserts/s | deletes/s | writer lag, max (s) | host steal (CPU s) | upkeep started |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     errors = np.asarray([e[0] for e in q["errors"]]) if q["errors"] else np.zeros(0)
     for lo in np.arange(0.0, seconds, bucket):
         hi = min(lo + bucket, seconds)
@@ -43,7 +46,8 @@ def intervals(q: dict, writer: dict, events: list[dict], t0: float, seconds: flo
         L.append(f"| {lo:.0f}–{hi:.0f} | {ls.shape[0] / span:,.0f} | {_pct(ls, 50)} | {_pct(ls, 99)} | "
                  f"{_pct(ls, 100)} | {int((ls > slow).sum())} | "
                  f"{int(((errors >= t0 + lo) & (errors < t0 + hi)).sum())} | "
-                 f"{rows_up / span:,.0f} | {ids_del / span:,.0f} | {lag} | {ups} |")
+                 f"{rows_up / span:,.0f} | {ids_del / span:,.0f} | {lag} | "
+                 f"{steal.total(t0 + lo, t0 + hi):.2f} | {ups} |")
     return L
 
 
@@ -112,15 +116,24 @@ def syncs(events: list[dict], query_thread: str, q: dict, answers: int | None = 
     return out
 
 
-def slow_queries(q: dict, events: list[dict], t0: float, slow: float, worst: int = 5) -> list[str]:
-    """The queries slower than ``slow``: how many, and the worst, with the upkeep under way then."""
+def slow_queries(q: dict, events: list[dict], t0: float, slow: float, steal: StealLog, worst: int = 5
+                 ) -> list[str]:
+    """The queries slower than ``slow``: how many; how many of them the host's steal explains
+    (it took enough of a CPU during the query to account for the time past ``slow``); the
+    worst, with the upkeep under way then and the steal around them."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     over = np.flatnonzero(lat > slow)
+    stolen = {int(i): steal.during(start[i], start[i] + lat[i]) for i in over}
+    hosts = sum(lat[i] - took <= slow for i, took in stolen.items())
     L = [f"Queries slower than {slow * 1e3:.0f} ms: **{over.shape[0]:,}** of {lat.shape[0]:,}"
-         + (f"; the worst {_ms(lat.max())} ms." if lat.size else ".")]
+         + (f"; the worst {_ms(lat.max())} ms." if lat.size else ".")
+         + (f" In **{hosts}** of them the host took a CPU for at least the time past {slow * 1e3:.0f} ms "
+            "(`steal`, between the samples around the query): without it they were under the bound."
+            if over.size else "")]
     for i in over[np.argsort(-lat[over])][:worst]:
         busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
-        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; under way: {', '.join(busy) or 'no upkeep seen'}")
+        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; host steal around it {_ms(stolen[int(i)])} ms; "
+                 f"under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
 
 
