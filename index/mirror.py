@@ -64,7 +64,7 @@ from gmmlsh.core.coarse import coarse_encode, coarse_sizes
 from gmmlsh.core.codes import bit_planes, plane_words, unpack_codes
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.index import segments
-from gmmlsh.index.columns import Blobs, Column, gather, populate
+from gmmlsh.index.columns import Blobs, Column, gather, make_durable, populate
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.locks import DirectoryLocks
 from gmmlsh.index.records import stored_payloads
@@ -281,7 +281,9 @@ class Mirror:
         is written meanwhile; a fit replaced meanwhile is the case a restart already handles (a
         checkpoint naming a fit that is gone: no lists until upkeep makes some). Under the
         ``sync`` lock, the fsyncs stalled every query that met the checkpoint: ~0.6 s every 30 s
-        at 2,000 writes a second."""
+        at 2,000 writes a second. Each file is written back a piece at a time before its fsync
+        (:func:`~gmmlsh.index.columns.make_durable`): the writes of 30 s sent at once held up
+        other processes' small writes behind them."""
         self.written = False  # before the state is read: what is written meanwhile sets it again
         try:
             state = self._read_state()
@@ -290,14 +292,7 @@ class Mirror:
             if lists:
                 paths += list((self.dir / lists["fit"]).glob("*"))
             for path in paths:
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                make_durable(path)
             self._write_state(dict(state), self.dir / "durable.json", durable=True)
         except BaseException:
             self.written = True

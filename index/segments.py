@@ -182,7 +182,12 @@ class Arenas:
 
 class ArenaWriter:
     """Writes segments into the arenas of a fit: ``allocate(sizes) → offsets`` reserves room at
-    their ends (through the mirror's state for a published fit, or locally for one being made)."""
+    their ends (through the mirror's state for a published fit, or locally for one being made).
+
+    What it hands out is written back to the disk a piece at a time once filled (when the region
+    after the next is asked for: the postings' rows and values are asked for together, then
+    filled; or at the segment's end), by :func:`~gmmlsh.index.columns.write_back`: a fit's
+    gigabytes go out as they are made, not in one burst at the next checkpoint."""
 
     def __init__(self, directory: Path, fit: Fit, words: int, allocate: Callable[[dict], dict]):
         self.dir = directory
@@ -192,10 +197,21 @@ class ArenaWriter:
         widths = {"lplanes": fit.planes * words}
         self.columns = {name: Column(directory / f"{name}.arena", dtype, widths.get(name, 0))
                         for name, dtype in ARENAS.items()}
+        self._handed: list[tuple[str, int, int]] = []  # regions handed out and not yet written back
 
     def region(self, name: str, offset: int, count: int) -> np.ndarray:
-        """Writable values ``[offset, offset + count)`` of an arena (room made, a mapping)."""
+        """Writable values ``[offset, offset + count)`` of an arena (room made, a mapping); the
+        regions handed out before the last one are written back first."""
+        self.write_back(keep=1)
+        self._handed.append((name, offset, offset + count))
         return self.columns[name].reserve(offset + count)[offset:offset + count]
+
+    def write_back(self, keep: int = 0) -> None:
+        """Write back the regions handed out, but for the last ``keep`` (0: all, a segment's end)."""
+        done = self._handed[:len(self._handed) - keep]
+        for name, lo, hi in done:
+            self.columns[name].write_back(lo, hi)
+        del self._handed[:len(done)]
 
 
 def local_allocator(ends: dict[str, int]) -> Callable[[dict], dict]:
@@ -256,6 +272,7 @@ def build_segment(writer: ArenaWriter, view, lo: int, hi: int, live: np.ndarray 
         writer.region("hbytes", at["hbytes"], sizes["hbytes"])[:] = 0
         writer.region("hnibbles", at["hnibbles"], sizes["hnibbles"])[:] = 0
     writer.region("drows", at["drows"], drows.shape[0])[:] = drows
+    writer.write_back()
     return {"lo": lo, "hi": hi, "e": e0, "n": entries, "ls": at["lstarts"], "ps": at["pstarts"], "p": at["prows"],
             "np": npost, "hb": at["hbytes"], "hn": at["hnibbles"], "d": at["drows"], "nd": int(drows.shape[0])}
 
