@@ -7,7 +7,7 @@ as its own CPU time: a 2 ms query caught in a 100 ms steal takes 100 ms "of its 
 Sampled by a process of its own (:func:`main`, a few tens of µs each time, off the measured
 process's interpreter lock), so a benchmark can say which of its slow moments were the host's.
 
-    python -m bench.host_steal --out FILE [--interval 0.02]   # until killed
+    python -c "from bench.host_steal import main; main()" --out FILE [--interval 0.02]  # until killed
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class StealSampler:
         self.log: StealLog | None = None
 
     def __enter__(self) -> StealSampler:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.host_steal", "--out", str(self.path),
-                                      "--interval", str(self.interval)])
+        self.proc = subprocess.Popen([sys.executable, "-c", "from bench.host_steal import main; main()",
+                                      "--out", str(self.path), "--interval", str(self.interval)])
         deadline = time.monotonic() + 30.0
         while not (self.path.exists() and "\n" in self.path.read_text()):  # a first sample before the block
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -102,6 +102,3 @@ def main(argv: list[str] | None = None) -> None:
             f.flush()
             time.sleep(a.interval)
 
-
-if __name__ == "__main__":
-    main()
