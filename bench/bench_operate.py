@@ -27,11 +27,11 @@ For one shape of the data zoo (:mod:`bench.zoo`) at ``n`` rows:
 Reported per interval (``--bucket`` seconds): queries/s, p50/p99/max latency, queries over
 ``--slow-ms`` (default 50; 100 over HTTP, acceptance 4), inserts/s and deletes/s achieved,
 the writer's lag, the CPU time the host took from this virtual machine (``steal``, sampled by
-:mod:`bench.host_steal`: a query on a CPU the host took is stopped, and charged the time as its
-own CPU); then every upkeep run with its duration and the queries it overlapped,
-and the slowest queries with what was under way; over HTTP, which server worker held each
-client's connection (:mod:`bench.sockets`). Fixed seeds: the same command writes the
-same rows. The tables go to ``--out`` (markdown), the raw records beside it (.json, .npz).
+:mod:`bench.host_steal`: a query on a CPU the host took is stopped meanwhile); then every
+upkeep run with its duration and the queries it overlapped, and the slowest queries with what
+was under way; over HTTP, which server worker held each client's connection
+(:mod:`bench.sockets`). Fixed seeds: the same command writes the same rows. The tables go to
+``--out`` (markdown), the raw records beside it (.json, .npz).
 
 Data: the first ``n`` rows and, for the writer, the rows after them (``write-rate × seconds``
 more), both cached (:mod:`bench.grown`; ``--prepare-only`` makes them and stops); the final

@@ -2,10 +2,12 @@
 
 On a virtual machine the hypervisor may run something else on a virtual CPU's physical core;
 the guest's kernel counts that time as *steal*, per CPU, in ticks of ``1 / SC_CLK_TCK`` s
-(10 ms here). A thread on that CPU is stopped meanwhile, and the guest charges the time to it
-as its own CPU time: a 2 ms query caught in a 100 ms steal takes 100 ms "of its own CPU".
-Sampled by a process of its own (:func:`main`, a few tens of µs each time, off the measured
-process's interpreter lock), so a benchmark can say which of its slow moments were the host's.
+(10 ms here). A thread on that CPU is stopped meanwhile: a 2 ms query caught in a 100 ms
+steal takes 100 ms. (Whether the guest also charges the time to the thread as its own CPU
+depends on its kernel; here it does not: ``bench.machine_stalls`` saw stalls of 32 ms carry
+0.2–3 ms of the thread's CPU.) Sampled by a process of its own (:func:`main`, a few tens of
+µs each time, off the measured process's interpreter lock), so a benchmark can say which of
+its slow moments were the host's.
 
     python -c "from bench.host_steal import main; main()" --out FILE [--interval 0.02]  # until killed
 """
