@@ -197,6 +197,12 @@ def run_exact(view: View, p: Prepared, k: int = 0) -> tuple[np.ndarray, np.ndarr
     return rows, sims, live
 
 
+def exact_loaded(view: View) -> bool:
+    """Whether this process has run the kernel :func:`run_exact` uses on ``view``: until then
+    its first call also loads or compiles it (seconds on a cold cache), and times nothing."""
+    return bool((exact_postings if _postings_pay(view) else exact_scan).signatures)
+
+
 def run_postings(view: View, p: Prepared, params: SearchParams) -> tuple[np.ndarray, np.ndarray, int]:
     """(rows, exact similarities, rows scored) of the postings search (:mod:`gmmlsh.core.postings`):
     the segments' sparse rows ranked on the head columns and the postings of coordinates held
