@@ -133,10 +133,16 @@ def test_two_collections_of_different_dimensions_on_one_server(where, tmp_path):
             for body, field in (({"name": "x y", "dim": 3}, "name"), ({"name": "ok"}, "dim"),
                                 ({"name": "ok", "dim": 3, "bits": 99}, "bits"),
                                 ({"name": "ok", "sample": [[1.0], [1.0, 2.0]]}, "sample"),
-                                ({"name": "ok", "dim": 2, "sample": [[1.0, float("nan")]]}, "sample[1]")):
+                                ({"name": "ok", "dim": 2, "sample": [[1.0, float("nan")]]}, "sample[1]"),
+                                ({"name": "ok", "dim": 3, "indexed_fields": ["a", ""]}, "indexed_fields[1]"),
+                                ({"name": "ok", "dim": 3, "indexed_fields": ["\U0001d54b" * 257]}, "indexed_fields[0]"),
+                                ({"name": "ok", "dim": 3, "indexed_fields": ["a", "a"]}, "indexed_fields"),
+                                ({"name": "ok", "dim": 3, "indexed_fields": [f"f{i}" for i in range(33)]},
+                                 "indexed_fields")):
                 r = c.post("/collections", json=body) if "nan" not in str(body) else c.post(
                     "/collections", content=json.dumps(body), headers={"Content-Type": "application/json"})
                 assert r.status_code == 422 and r.json()["error"]["field"].startswith(field.split("[")[0]), r.text
+                assert "indexed_fields" not in field or r.json()["error"]["field"] == field, r.text
             assert "ok" not in [x["name"] for x in c.get("/collections").json()["collections"]]
             assert c.post("/collections/c3/vectors", json={"vectors": _vectors(3, 40, 1)}).status_code == 200
             assert c.post("/collections/c9/vectors", json={"vectors": _vectors(9, 30, 2)}).status_code == 200

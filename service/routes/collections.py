@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from gmmlsh.core.validate import VectorError
-from gmmlsh.index.collections import DEFAULT_COLLECTION, described
+from gmmlsh.index.collections import DEFAULT_COLLECTION, check_indexed, described
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.records import as_stored
 from gmmlsh.service.deps import IndexDep, SettingsDep, collection_path
@@ -67,10 +67,11 @@ def _create(manager, raw: bytes) -> dict:
     except ValueError as exc:
         field = str(exc).split(":", 1)[0]
         raise ApiError(422, str(exc), field=field if field in given else None) from None
-    for i, f in enumerate(body.indexed_fields):
-        if not f:
-            raise ApiError(422, "a field name must not be empty", field=f"indexed_fields[{i}]")
-    return described(manager.create(body.name, config, body.indexed_fields))
+    try:
+        indexed = check_indexed(body.indexed_fields)
+    except ValueError as exc:  # "indexed_fields[i]: …" or "indexed_fields: …"
+        raise ApiError(422, str(exc), field=str(exc).split(":", 1)[0]) from None
+    return described(manager.create(body.name, config, indexed))
 
 
 @router.get("/collections", response_model=CollectionList, summary="List the collections",
