@@ -39,7 +39,8 @@ def check_indexed(fields, where: str = "indexed_fields") -> list[str]:
         raise ValueError(f"{where}: must be a list of at most {MAX_INDEXED_FIELDS} metadata field names")
     for i, f in enumerate(fields):
         if not isinstance(f, str) or not f or len(f) > 256:
-            raise ValueError(f"{where}[{i}]: must be a field name (1-256 characters), got {f!r}")
+            got = f"{len(f)} characters" if isinstance(f, str) else type(f).__name__
+            raise ValueError(f"{where}[{i}]: must be a field name (1-256 characters), got {got}")
     if len(set(fields)) != len(fields):
         raise ValueError(f"{where}: names a field twice")
     return list(fields)
