@@ -63,6 +63,11 @@ class StealLog:
             return float("nan")
         return float((self.stolen[b] - self.stolen[a]).max())
 
+    def accounts_for(self, lo: float, hi: float, bound: float) -> bool:
+        """Whether the steal around ``[lo, hi)`` covers its time past ``bound`` seconds: without
+        what the host took, it would have been under the bound."""
+        return hi - lo - self.during(lo, hi) <= bound
+
     def total(self, lo: float, hi: float) -> float:
         """Seconds stolen from all CPUs together between the samples around ``[lo, hi)``."""
         a = max(np.searchsorted(self.t, lo, side="right") - 1, 0)

@@ -2,11 +2,11 @@
 
 A thread runs fixed units of CPU work (a sort of 3,000 floats, tens of µs) for ``--seconds`` and
 times each; every unit over ``--over`` ms is listed with what the kernel counted for it
-(``getrusage`` of the thread: CPU time, involuntary switches, minor faults). A stall with no
-switch and no fault, charged as the thread's own CPU time, is time the virtual CPU lost to its
-host; the host's ``steal`` around each (:mod:`bench.host_steal`) says how much of it the kernel
-saw taken. ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy, as
-under the operation benchmark's load).
+(``getrusage`` of the thread: CPU time, involuntary switches, minor faults) and the host's
+``steal`` around it (:mod:`bench.host_steal`): a stall with no switch and no fault is time the
+virtual CPU lost to its host, seen as steal (and, on some kernels, charged to the thread as its
+own CPU). ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy,
+as under the operation benchmark's load).
 
     python -m bench.machine_stalls [--seconds 600] [--busy 0] [--out FILE]
 """
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             s.join()
     quiet = sum(1 for _, cpu, sw, flt, _ in slow if sw == 0 and flt == 0)
     stolen = [steal.log.during(t, t + ms / 1e3) * 1e3 for ms, _, _, _, t in slow]
-    hosts = sum(ms - took <= a.over for (ms, *_), took in zip(slow, stolen, strict=True))
+    hosts = sum(steal.log.accounts_for(t, t + ms / 1e3, a.over / 1e3) for ms, _, _, _, t in slow)
     lines = [f"    python -m bench.machine_stalls --seconds {a.seconds:g} --busy {a.busy}", "",
              f"{units:,} units ({a.seconds / units * 1e6:.0f} µs each on average) in {a.seconds:g} s, "
              f"{a.busy} spinning process(es) beside: "

@@ -123,8 +123,7 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, steal: Ste
     worst, with the upkeep under way then and the steal around them."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     over = np.flatnonzero(lat > slow)
-    stolen = {int(i): steal.during(start[i], start[i] + lat[i]) for i in over}
-    hosts = sum(lat[i] - took <= slow for i, took in stolen.items())
+    hosts = sum(steal.accounts_for(start[i], start[i] + lat[i], slow) for i in over)
     L = [f"Queries slower than {slow * 1e3:.0f} ms: **{over.shape[0]:,}** of {lat.shape[0]:,}"
          + (f"; the worst {_ms(lat.max())} ms." if lat.size else ".")
          + (f" In **{hosts}** of them the host took a CPU for at least the time past {slow * 1e3:.0f} ms "
@@ -132,7 +131,8 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, steal: Ste
             if over.size else "")]
     for i in over[np.argsort(-lat[over])][:worst]:
         busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
-        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; host steal around it {_ms(stolen[int(i)])} ms; "
+        stolen = steal.during(start[i], start[i] + lat[i])
+        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; host steal around it {_ms(stolen)} ms; "
                  f"under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
 
