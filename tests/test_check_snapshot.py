@@ -23,6 +23,7 @@ from test_crash import record
 
 from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.index import Index
+from gmmlsh.index.store.lmdb import pack_record, unpack_record
 from gmmlsh.service.cli import main
 
 DIM = 24
@@ -75,11 +76,14 @@ class LmdbCorrupter(Corrupter):
         return iid.to_bytes(4, "big")
 
     def set(self, iid: int, field: str, blob: bytes | None) -> None:
+        db = self.store._db["record"]
         with self._txn() as txn:
-            if blob is None:
-                txn.delete(self._be(iid), db=self.store._db[field])
+            rec = unpack_record(txn.get(self._be(iid), db=db))
+            rec[field] = blob
+            if all(v is None for v in rec.values()):
+                txn.delete(self._be(iid), db=db)
             else:
-                txn.put(self._be(iid), blob, db=self.store._db[field])
+                txn.put(self._be(iid), pack_record(rec), db=db)
 
     def add_count(self, d: int) -> None:
         with self._txn() as txn:

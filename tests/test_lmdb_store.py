@@ -272,21 +272,25 @@ def test_readonly_store(db_path, rng):
 KILL_MID_WRITE = """
 import os, sys, time
 import numpy as np
-from gmmlsh.index.store.lmdb import LmdbStore
+from gmmlsh.index.store import lmdb as lmdb_store
 from store_contract import make_batch
 
-class Stall(bytes):
-    # Converted to bytes inside the write transaction, after most of the batch was written.
-    def __bytes__(self):
+class StallingState:
+    # The feed's counters are packed inside the write transaction, after the batch was written.
+    def __init__(self, real):
+        self.real = real
+    def unpack(self, raw):
+        return self.real.unpack(raw)
+    def pack(self, *values):
         open(sys.argv[2], "w").close()
         time.sleep(120)
-        return bytes.__bytes__(self)
+        return self.real.pack(*values)
 
-s = LmdbStore(sys.argv[1])
+s = lmdb_store.LmdbStore(sys.argv[1])
 n = int(sys.argv[3])
 batch, _ = make_batch([f"k{i}" for i in range(n)] + ["seed0"], np.random.default_rng(3))
 if sys.argv[4] == "stall":
-    batch.vectors[-1] = Stall(batch.vectors[-1])
+    lmdb_store._STATE = StallingState(lmdb_store._STATE)
 else:
     print("start", flush=True)
 s.write(batch)

@@ -4,10 +4,13 @@ Named databases of one environment:
 
 * ``config`` — ``b"config"`` → JSON of the index configuration.
 * ``ext2iid`` — external id (UTF-8) → iid (4 bytes, big-endian).
-* ``name``, ``vector``, ``sketch``, ``nrff``, ``meta`` — iid (4 bytes, big-endian) →
-  that field of the record. Big-endian keys make LMDB's byte order the numeric
-  order: cursors walk records in iid order, and fresh iids (always the largest)
-  are appended into full pages (``MDB_APPEND``).
+* ``record`` — iid (4 bytes, big-endian) → the record's fields in one value:
+  their five lengths (``<u4`` each, in :data:`FIELDS` order; ``0xFFFFFFFF`` for a
+  field not stored), then their bytes. Big-endian keys make LMDB's byte order the
+  numeric order: cursors walk records in iid order, and fresh iids (always the
+  largest) are appended into full pages (``MDB_APPEND``). One value per record
+  keeps a retirement to one page of this tree: a replaced or deleted record sits
+  anywhere in it, and a commit writes (and syncs) every page it touched.
 * ``counters`` — ``b"state"`` → next iid, live count and retirements so far (3 × u64).
 * ``retired`` — retirement number (8 bytes, big-endian) → the retired iid: the
   feed's second half (its first half is the iid counter: iids are handed out in order).
@@ -54,6 +57,8 @@ _STATE_KEY = b"state"
 _STATE = struct.Struct("<QQQ")  # next iid, live count, retirements
 _BE_U4 = np.dtype(">u4")
 _BE_U8 = np.dtype(">u8")
+_LENGTHS = struct.Struct(f"<{len(FIELDS)}I")
+_ABSENT = 0xFFFFFFFF
 #: Free bytes under which a failed write is put down to a full disk.
 _FULL_BELOW = 16 << 20
 #: Free bytes under which (or above a refusal's by less than which) the disk counts as full.
@@ -67,6 +72,28 @@ def _be_keys(iids: np.ndarray) -> list[bytes]:
 
 def _iids_of_keys(keys: list[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(keys), dtype=_BE_U4).astype(np.int64)
+
+
+def pack_record(fields: dict[str, bytes | None]) -> bytes:
+    """A record's value: the lengths of its :data:`FIELDS` (absent: ``0xFFFFFFFF``), then their bytes."""
+    parts = [fields.get(f) for f in FIELDS]
+    head = _LENGTHS.pack(*(_ABSENT if b is None else len(b) for b in parts))
+    return head + b"".join(b for b in parts if b is not None)
+
+
+def unpack_record(raw: bytes | None) -> dict[str, bytes | None]:
+    """:func:`pack_record` undone (None: no record, every field absent)."""
+    if raw is None:
+        return dict.fromkeys(FIELDS)
+    out: dict[str, bytes | None] = {}
+    at = _LENGTHS.size
+    for f, size in zip(FIELDS, _LENGTHS.unpack_from(raw), strict=True):
+        if size == _ABSENT:
+            out[f] = None
+        else:
+            out[f] = raw[at:at + size]
+            at += size
+    return out
 
 
 class LmdbStore:
@@ -112,7 +139,7 @@ class LmdbStore:
         self._env = env
 
     def _open_dbs(self, env: lmdb.Environment) -> None:
-        names = ("config", "ext2iid", "counters", "retired", *FIELDS)
+        names = ("config", "ext2iid", "counters", "retired", "record")
         try:
             if self.readonly:
                 dbs = {n: env.open_db(n.encode(), create=False) for n in names}
@@ -213,8 +240,9 @@ class LmdbStore:
         m = rows.shape[0]
         if m == 0:
             return Written(0, 0)
-        records = [batch.stored(i) for i in rows.tolist()]  # a field not stored is None: none is put
-        names = [rec["name"] for rec in records]
+        stored = [batch.stored(i) for i in rows.tolist()]
+        names = [rec["name"] for rec in stored]
+        records = [pack_record(rec) for rec in stored]
         with self._txn(write=True) as txn:
             next_iid, live, retired = self._state(txn)
             if next_iid + m > IID_LIMIT:
@@ -223,23 +251,18 @@ class LmdbStore:
             retired = self._retire(txn, old, retired)
             keys = _be_keys(np.arange(next_iid, next_iid + m))
             txn.cursor(db=self._db["ext2iid"]).putmulti(sorted(zip(names, keys, strict=True)))
-            for field in FIELDS:
-                items = [(k, bytes(rec[field])) for k, rec in zip(keys, records, strict=True) if rec[field] is not None]
-                if not items:
-                    continue
-                consumed, added = txn.cursor(db=self._db[field]).putmulti(items, append=True)
-                if added != consumed:
-                    raise StoreError(f"LMDB store at {self.path} is inconsistent: a stored iid is past the counter")
+            consumed, added = txn.cursor(db=self._db["record"]).putmulti(zip(keys, records, strict=True), append=True)
+            if added != consumed:
+                raise StoreError(f"LMDB store at {self.path} is inconsistent: a stored iid is past the counter")
             txn.put(_STATE_KEY, _STATE.pack(next_iid + m, live + m - len(old), retired), db=self._db["counters"])
         iids = np.full(len(batch), -1, dtype=np.int64)
         iids[rows] = np.arange(next_iid, next_iid + m)
         return Written(m, len(old), iids)
 
     def _retire(self, txn: lmdb.Transaction, iid_keys: list[bytes], retired: int) -> int:
-        """Remove these records' fields and log them on the feed; returns the new retirement count."""
+        """Remove these records and log them on the feed; returns the new retirement count."""
         for k in iid_keys:
-            for field in FIELDS:
-                txn.delete(k, db=self._db[field])
+            txn.delete(k, db=self._db["record"])
             txn.put(struct.pack(">Q", retired), k, db=self._db["retired"], append=True)
             retired += 1
         return retired
@@ -280,17 +303,15 @@ class LmdbStore:
         a = np.asarray(iids, dtype=np.int64).ravel()
         valid = (a >= 0) & (a < IID_LIMIT)
         keys = _be_keys(a[valid])
-        out: dict[str, list[bytes | None]] = {}
         with self._txn() as txn:
-            for field in fields:
-                found = txn.cursor(db=self._db[field]).getmulti(keys)
-                if len(found) == a.shape[0]:
-                    out[field] = [v for _, v in found]
-                    continue
-                got = dict(found)
-                it = iter(keys)
-                out[field] = [got.get(next(it)) if ok else None for ok in valid.tolist()]
-        return out
+            found = txn.cursor(db=self._db["record"]).getmulti(keys)
+        if len(found) == a.shape[0]:
+            records = [unpack_record(v) for _, v in found]
+        else:
+            got = dict(found)
+            it = iter(keys)
+            records = [unpack_record(got.get(next(it)) if ok else None) for ok in valid.tolist()]
+        return {f: [rec[f] for rec in records] for f in fields}
 
     def token(self) -> Token:
         with self._txn() as txn:
@@ -320,24 +341,19 @@ class LmdbStore:
         if batch_size < 1:
             raise ValueError(f"batch_size: must be ≥ 1, got {batch_size}")
         with self._snapshot_txn() as txn:
-            iters = [txn.cursor(db=self._db[f]).iternext() for f in fields]
-            heads = [next(it, None) for it in iters]
+            it = txn.cursor(db=self._db["record"]).iternext()
             while True:
                 iids: list[int] = []
                 cols: dict[str, list[bytes | None]] = {f: [] for f in fields}
-                while len(iids) < batch_size:
-                    live = [h[0] for h in heads if h is not None]
-                    if not live:
-                        break
-                    key = min(live)
+                for key, raw in it:
+                    rec = unpack_record(raw)
+                    if all(rec[f] is None for f in fields):
+                        continue
                     iids.append(int.from_bytes(key, "big"))
-                    for p, f in enumerate(fields):
-                        h = heads[p]
-                        if h is not None and h[0] == key:
-                            cols[f].append(h[1])
-                            heads[p] = next(iters[p], None)
-                        else:
-                            cols[f].append(None)
+                    for f in fields:
+                        cols[f].append(rec[f])
+                    if len(iids) == batch_size:
+                        break
                 if not iids:
                     return
                 yield np.array(iids, dtype=np.int64), cols
