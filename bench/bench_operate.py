@@ -145,7 +145,7 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
 
         trace = SlowTrace(ask, args.trace_slow, workdir / "slow-stacks.txt") if args.trace_slow is not None else None
         answered = watch.answers
-        q = loop(trace or ask, len(Q), t0, t_end)
+        q = loop(trace or ask, len(Q), t0, t_end, after=trace.again if trace is not None else None)
         answered = watch.answers - answered
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
@@ -167,7 +167,9 @@ class SlowTrace:
     slow query was waiting, and what the process's other threads were doing then; once such a
     call ends, what the query thread's kernel counted for it (``getrusage``: CPU time, page
     faults, context switches) says whether it computed, waited for the disk, or was not given
-    a core. :meth:`summary` sums them up for the report.
+    a core; and the same query asked again at once (:meth:`again`, outside the timed call) says
+    whether the query is slow on the index as it stands, or the moment was. :meth:`summary`
+    sums them up for the report.
 
     The watchdog reads the stacks with ``sys._current_frames`` under the interpreter lock.
     ``faulthandler.dump_traceback_later``, which reads them from a C thread without that lock,
@@ -179,6 +181,7 @@ class SlowTrace:
         self.where: Counter[str] = Counter()  # the query thread's innermost frames, once a call passed the time
         self.counted: list[str] = []  # each slow call's getrusage
         self._current: tuple[int, int, float | None] = (0, 0, None)  # the call under way: number, thread, start
+        self._again = False  # the last call was slow: ask its query again
         threading.Thread(target=self._watch, name="bench-trace-slow", daemon=True).start()
 
     def __call__(self, i: int) -> None:
@@ -199,6 +202,19 @@ class SlowTrace:
                     f"{u.ru_nivcsw - before.ru_nivcsw}; voluntary {u.ru_nvcsw - before.ru_nvcsw}")
                 self.out.write(f"Counted: {self.counted[-1]}\n")
                 self.out.flush()
+                self._again = True
+
+    def again(self, i: int, _latency: float) -> None:
+        """After a slow call (passed to the load loop as its ``after``): the same query once more,
+        timed, its time added to that call's line of the report."""
+        if not self._again:
+            return
+        self._again = False
+        t = time.perf_counter()
+        self.ask(i)
+        self.counted[-1] += f"; asked again at once: {(time.perf_counter() - t) * 1e3:.1f} ms"
+        self.out.write(f"Again: {self.counted[-1]}\n")
+        self.out.flush()
 
     def _watch(self) -> None:
         dumped = 0

@@ -44,8 +44,10 @@ def query_rows(Q) -> list:
     return [np.ascontiguousarray(q, dtype=np.float32) for q in Q]
 
 
-def loop(ask: Callable[[int], None], count: int, t0: float, t_end: float) -> dict:
-    """Call ``ask(i mod count)`` from ``t0`` until ``t_end``, one call after the other.
+def loop(ask: Callable[[int], None], count: int, t0: float, t_end: float,
+         after: Callable[[int, float], None] | None = None) -> dict:
+    """Call ``ask(i mod count)`` from ``t0`` until ``t_end``, one call after the other; then
+    ``after(i mod count, latency)``, outside the call's time, where given.
 
     Returns each call's start (monotonic seconds), latency (seconds) and, for calls
     that raised, (start, error)."""
@@ -60,6 +62,8 @@ def loop(ask: Callable[[int], None], count: int, t0: float, t_end: float) -> dic
             errors.append((now, f"{type(exc).__name__}: {str(exc)[:200]}"))
         lats.append(time.perf_counter() - t)
         starts.append(now)
+        if after is not None:
+            after(i % count, lats[-1])
         i += 1
     return {"start": starts.tolist(), "latency": lats.tolist(), "errors": errors}
 
