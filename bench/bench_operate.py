@@ -476,7 +476,7 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float, steal: StealLog) 
          f"{a.batch} ({a.replace_share:.0%} replacements), {a.delete_rate:,.0f} deletes/s",
          "", *operate_report.intervals(run["queries"], run["writer"], run["events"], run["t0"], seconds, a.bucket,
                                        slow, steal),
-         "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate),
+         "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate, slow),
          *operate_report.placement(run.get("placed")),
          *operate_report.syncs(run["events"], run["query_thread"], run["queries"], run.get("answers")),
          "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow, steal),

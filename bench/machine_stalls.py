@@ -1,14 +1,17 @@
 """How long the machine itself stalls a thread that only computes: the floor under any latency.
 
-A thread runs fixed units of CPU work (a sort of 3,000 floats, tens of µs) for ``--seconds`` and
-times each; every unit over ``--over`` ms is listed with what the kernel counted for it
+A thread runs fixed units of work for ``--seconds`` and times each: with ``--unit sort`` (the
+default) pure CPU work (a sort of 3,000 floats, tens of µs, in the CPU's caches); with
+``--unit memory`` reads of 2,000 rows at random from ``--gib`` of memory (as a query reads the
+mirror: each read a cache and TLB miss, ~0.2 ms a unit), which a host that pages or remaps its
+guest's memory stalls where a sort does not; every unit over ``--over`` ms is listed with what the kernel counted for it
 (``getrusage`` of the thread: CPU time, involuntary switches, minor faults) and the host's
 ``steal`` around it (:mod:`bench.host_steal`): a stall with no switch and no fault is time the
 virtual CPU lost to its host, seen as steal (and, on some kernels, charged to the thread as its
 own CPU). ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy,
 as under the operation benchmark's load).
 
-    python -m bench.machine_stalls [--seconds 600] [--busy 0] [--out FILE]
+    python -m bench.machine_stalls [--seconds 600] [--busy 0] [--unit sort|memory] [--gib 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import multiprocessing
 import resource
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,17 +35,30 @@ def _spin(stop) -> None:
         sum(range(10_000))
 
 
-def stalls(seconds: float, over_ms: float) -> tuple[int, float, list[tuple[float, float, int, int, float]]]:
+def _units(kind: str, gib: float) -> Callable[[], object]:
+    """One unit of work of ``kind``, ready to call (its memory allocated and touched)."""
+    rng = np.random.default_rng(0)
+    if kind == "sort":
+        x = rng.random(3000)
+        return lambda: np.sort(x)
+    rows = np.ones((int(gib * (1 << 30)) // 256, 64), np.float32)  # 256-byte rows, every page touched
+    picks = [rng.integers(0, rows.shape[0], 2000) for _ in range(64)]
+    out = np.empty((2000, 64), np.float32)
+    turn = iter(range(1 << 62))
+    return lambda: np.take(rows, picks[next(turn) % 64], axis=0, out=out)
+
+
+def stalls(seconds: float, over_ms: float, unit: Callable[[], object]
+           ) -> tuple[int, float, list[tuple[float, float, int, int, float]]]:
     """(units run, the longest unit's ms, [(ms, CPU ms, involuntary switches, minor faults, start
     on ``time.monotonic``) of each unit over ``over_ms``])."""
-    x = np.random.default_rng(0).random(3000)
-    np.sort(x)
+    unit()
     units, longest, slow = 0, 0.0, []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         before = resource.getrusage(resource.RUSAGE_THREAD)
         t = time.monotonic()
-        np.sort(x)
+        unit()
         took = time.monotonic() - t
         units += 1
         longest = max(longest, took * 1e3)
@@ -58,15 +75,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=600.0)
     p.add_argument("--over", type=float, default=5.0, help="list units over this many ms")
     p.add_argument("--busy", type=int, default=0, help="processes spinning beside the timed thread")
+    p.add_argument("--unit", choices=("sort", "memory"), default="sort", help="the work timed (above)")
+    p.add_argument("--gib", type=float, default=4.0, help="memory the memory unit reads from")
     p.add_argument("--out", type=Path, help="write the report here too")
     a = p.parse_args(argv)
+    unit = _units(a.unit, a.gib)
     stop = multiprocessing.Event()
     spinners = [multiprocessing.Process(target=_spin, args=(stop,), daemon=True) for _ in range(a.busy)]
     for s in spinners:
         s.start()
     try:
         with tempfile.TemporaryDirectory() as tmp, StealSampler(Path(tmp) / "steal.txt") as steal:
-            units, longest, slow = stalls(a.seconds, a.over)
+            units, longest, slow = stalls(a.seconds, a.over, unit)
     finally:
         stop.set()
         for s in spinners:
@@ -74,8 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     quiet = sum(1 for _, cpu, sw, flt, _ in slow if sw == 0 and flt == 0)
     stolen = [steal.log.during(t, t + ms / 1e3) * 1e3 for ms, _, _, _, t in slow]
     hosts = sum(steal.log.accounts_for(t, t + ms / 1e3, a.over / 1e3) for ms, _, _, _, t in slow)
-    lines = [f"    python -m bench.machine_stalls --seconds {a.seconds:g} --busy {a.busy}", "",
-             f"{units:,} units ({a.seconds / units * 1e6:.0f} µs each on average) in {a.seconds:g} s, "
+    lines = [f"    python -m bench.machine_stalls --seconds {a.seconds:g} --busy {a.busy} --unit {a.unit}"
+             + (f" --gib {a.gib:g}" if a.unit == "memory" else ""), "",
+             f"{units:,} {a.unit} units ({a.seconds / units * 1e6:.0f} µs each on average) in {a.seconds:g} s, "
              f"{a.busy} spinning process(es) beside: "
              f"{len(slow)} over {a.over:g} ms, the longest {longest:.1f} ms; "
              f"{quiet} of them with no context switch and no fault; in {hosts} the host took a CPU (`steal`) "

@@ -147,9 +147,10 @@ def placement(placed: dict[str, list[int]] | None) -> list[str]:
     return [f"- connections: {where}" + (" — **one worker served both**" if shared else "")]
 
 
-def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, target_deletes: float
-                   ) -> list[str]:
-    """What the writer held against its targets, and how late it ran."""
+def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, target_deletes: float,
+                   slow: float) -> list[str]:
+    """What the writer held against its targets, how late it ran, and how many of its writes took
+    longer than ``slow`` seconds (the queries' bound: over HTTP, acceptance 4 holds writes to it)."""
     ticks = np.asarray(writer["ticks"]).reshape(-1, 6)
     if not ticks.size:
         return ["The writer wrote nothing."]
@@ -160,8 +161,10 @@ def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, 
          f"{ticks[:, 5].sum() / seconds:,.0f} ids/s deleted (target {target_deletes:,.0f}); {ticks.shape[0]:,} of "
          f"{due:,} ticks done; lag p50 {np.percentile(lag, 50):.3f} s, max {lag.max():.2f} s"
          f"{' — **fell behind**' if lag.max() > writer['period'] or ticks.shape[0] < due else ''}",
-         f"- a batch upsert took p50 {_ms(np.percentile(upsert_s, 50))} ms, max {_ms(upsert_s.max())} ms; "
-         f"a tick's deletes p50 {_ms(np.percentile(delete_s, 50))} ms, max {_ms(delete_s.max())} ms",
+         f"- a batch upsert took p50 {_ms(np.percentile(upsert_s, 50))} ms, max {_ms(upsert_s.max())} ms, "
+         f"{int((upsert_s > slow).sum()):,} of {upsert_s.shape[0]:,} over {slow * 1e3:.0f} ms; a tick's deletes "
+         f"p50 {_ms(np.percentile(delete_s, 50))} ms, max {_ms(delete_s.max())} ms, {int((delete_s > slow).sum()):,} "
+         f"over {slow * 1e3:.0f} ms",
          f"- write errors (each retried until acknowledged): {len(writer['errors'])}"]
     for t, what, why in writer["errors"][:5]:
         L.append(f"  - at {t - t0:,.1f} s, {what}: {why}")
