@@ -146,7 +146,7 @@ def run_in_process(args, shape: Shape, opened: dict, rows: int, workdir: Path, l
         trace = SlowTrace(ask, args.trace_slow, workdir / "slow-stacks.txt") if args.trace_slow is not None else None
         answered = watch.answers
         q = loop(trace or ask, len(Q), t0, t_end, after=trace.again if trace is not None else None)
-        answered = watch.answers - answered
+        answered = watch.answers - answered - (trace.asked_again if trace is not None else 0)
         w = writer.collect(timeout=args.minutes * 60 + 900)
         final = final_in_process(ix, shape.queries(final_n, 0))
         final["upkeep_running"] = watch.running()
@@ -182,6 +182,7 @@ class SlowTrace:
         self.counted: list[str] = []  # each slow call's getrusage
         self._current: tuple[int, int, float | None] = (0, 0, None)  # the call under way: number, thread, start
         self._again = False  # the last call was slow: ask its query again
+        self.asked_again = 0  # queries asked again (answers the load did not ask for)
         threading.Thread(target=self._watch, name="bench-trace-slow", daemon=True).start()
 
     def __call__(self, i: int) -> None:
@@ -204,7 +205,7 @@ class SlowTrace:
                 self.out.flush()
                 self._again = True
 
-    def again(self, i: int, _latency: float) -> None:
+    def again(self, i: int) -> None:
         """After a slow call (passed to the load loop as its ``after``): the same query once more,
         timed, its time added to that call's line of the report."""
         if not self._again:
@@ -212,6 +213,7 @@ class SlowTrace:
         self._again = False
         t = time.perf_counter()
         self.ask(i)
+        self.asked_again += 1
         self.counted[-1] += f"; asked again at once: {(time.perf_counter() - t) * 1e3:.1f} ms"
         self.out.write(f"Again: {self.counted[-1]}\n")
         self.out.flush()

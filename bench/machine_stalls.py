@@ -1,15 +1,15 @@
-"""How long the machine itself stalls a thread that only computes: the floor under any latency.
+"""How long the machine itself stalls a thread that computes or reads memory: the floor under any latency.
 
 A thread runs fixed units of work for ``--seconds`` and times each: with ``--unit sort`` (the
 default) pure CPU work (a sort of 3,000 floats, tens of µs, in the CPU's caches); with
 ``--unit memory`` reads of 2,000 rows at random from ``--gib`` of memory (as a query reads the
 mirror: each read a cache and TLB miss, ~0.2 ms a unit), which a host that pages or remaps its
-guest's memory stalls where a sort does not; every unit over ``--over`` ms is listed with what the kernel counted for it
-(``getrusage`` of the thread: CPU time, involuntary switches, minor faults) and the host's
-``steal`` around it (:mod:`bench.host_steal`): a stall with no switch and no fault is time the
-virtual CPU lost to its host, seen as steal (and, on some kernels, charged to the thread as its
-own CPU). ``--busy N`` runs N processes spinning beside it (N = cores − 1: the other cores busy,
-as under the operation benchmark's load).
+guest's memory stalls where a sort does not. Every unit over ``--over`` ms is listed with what
+the kernel counted for it (``getrusage`` of the thread: CPU time, involuntary switches, minor
+faults) and the host's ``steal`` around it (:mod:`bench.host_steal`): a stall with no switch and
+no fault is time the virtual CPU lost to its host, seen as steal, or (here, for memory units)
+charged to the thread as its own CPU with no steal. ``--busy N`` runs N processes spinning
+beside it (N = cores − 1: the other cores busy, as under the operation benchmark's load).
 
     python -m bench.machine_stalls [--seconds 600] [--busy 0] [--unit sort|memory] [--gib 4] [--out FILE]
 """

@@ -45,9 +45,9 @@ def query_rows(Q) -> list:
 
 
 def loop(ask: Callable[[int], None], count: int, t0: float, t_end: float,
-         after: Callable[[int, float], None] | None = None) -> dict:
+         after: Callable[[int], None] | None = None) -> dict:
     """Call ``ask(i mod count)`` from ``t0`` until ``t_end``, one call after the other; then
-    ``after(i mod count, latency)``, outside the call's time, where given.
+    ``after(i mod count)``, outside the call's time, where given.
 
     Returns each call's start (monotonic seconds), latency (seconds) and, for calls
     that raised, (start, error)."""
@@ -63,7 +63,7 @@ def loop(ask: Callable[[int], None], count: int, t0: float, t_end: float,
         lats.append(time.perf_counter() - t)
         starts.append(now)
         if after is not None:
-            after(i % count, lats[-1])
+            after(i % count)
         i += 1
     return {"start": starts.tolist(), "latency": lats.tolist(), "errors": errors}
 
