@@ -5,7 +5,7 @@ replacing live ids, and deletes 50 ids; each is one LMDB write transaction, sync
 A replaced or deleted record's pages are scattered over the B-trees (its iid is anywhere in
 ``[0, n)``), so the commit writes one page per record per database it touches: the cost this
 benchmark follows as n grows. Records are a shape's sizes (``--record``: fashion's dense
-3,152-byte vector blob, or strokes' ~1,136-byte sparse one; a 512-byte sketch, a 7-byte id) of
+3,152-byte vector blob, or strokes' ~1,136-byte sparse one; the default sketch; a 7-byte id) of
 random bytes: the store never looks inside them.
 
     python -m bench.bench_store_commit --sizes 100000,1000000 --record fashion|strokes [--ticks 100] [--dir DIR]
@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import emit
+from gmmlsh.index.config import IndexConfig
 from gmmlsh.index.store.base import RecordBatch
 from gmmlsh.index.store.lmdb import LmdbStore
 
 VECTOR_BYTES = {"fashion": 3152, "strokes": 1136}
-SKETCH_BYTES = 512
+SKETCH_BYTES = IndexConfig(dim=784).sketch_bytes  # the default sketch
 UPSERT, REPLACED, DELETED = 500, 250, 50
 
 

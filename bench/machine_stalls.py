@@ -17,6 +17,7 @@ beside it (N = cores − 1: the other cores busy, as under the operation benchma
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import resource
 import tempfile
@@ -42,10 +43,9 @@ def _units(kind: str, gib: float) -> Callable[[], object]:
         x = rng.random(3000)
         return lambda: np.sort(x)
     rows = np.ones((int(gib * (1 << 30)) // 256, 64), np.float32)  # 256-byte rows, every page touched
-    picks = [rng.integers(0, rows.shape[0], 2000) for _ in range(64)]
+    picks = itertools.cycle([rng.integers(0, rows.shape[0], 2000) for _ in range(64)])
     out = np.empty((2000, 64), np.float32)
-    turn = iter(range(1 << 62))
-    return lambda: np.take(rows, picks[next(turn) % 64], axis=0, out=out)
+    return lambda: np.take(rows, next(picks), axis=0, out=out)
 
 
 def stalls(seconds: float, over_ms: float, unit: Callable[[], object]
