@@ -26,8 +26,9 @@ For one shape of the data zoo (:mod:`bench.zoo`) at ``n`` rows:
 
 Reported per interval (``--bucket`` seconds): queries/s, p50/p99/max latency, queries over
 ``--slow-ms`` (default 50; 100 over HTTP, acceptance 4), inserts/s and deletes/s achieved,
-the writer's lag, the CPU time the host took from this virtual machine (``steal``, sampled by
-:mod:`bench.host_steal`: a query on a CPU the host took is stopped meanwhile); then every
+the writer's lag, the CPU time the host took from this virtual machine (``steal``) and the
+kernel's memory stalls (direct compactions and reclaims), both sampled by
+:mod:`bench.machine_watch` (a query on a CPU the host took is stopped meanwhile); then every
 upkeep run with its duration and the queries it overlapped, and the slowest queries with what
 was under way; over HTTP, which server worker held each client's connection
 (:mod:`bench.sockets`). Fixed seeds: the same command writes the same rows. The tables go to
@@ -64,7 +65,7 @@ import scipy.sparse as sp
 
 from bench import exact, operate_report, sockets
 from bench.common import build_index, emit, serve, start_redis, store_args
-from bench.host_steal import StealLog, StealSampler
+from bench.machine_watch import MachineLog, MachineSampler
 from bench.operate_proc import Child
 from bench.operate_query import PREFLIGHT, loop, query_rows
 from bench.upkeep_watch import HttpWatch, InProcessWatch
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
             opened = {"location": url, "prefix": f"operate-{a.shape}", "cache_dir": str(workdir / "cache")}
         build = build_index(shape.path(a.n), store_args(**opened))
         print(f"built in {build['command_seconds']:.1f} s; search {build.get('search')}", flush=True)
-        with StealSampler(workdir / "steal.txt") as steal:
+        with MachineSampler(workdir / "machine.txt") as machine:
             run = (run_http if a.http else run_in_process)(a, shape, opened, rows, workdir, log)
         print("load done; the truth of the final contents …", flush=True)
         source = np.load(workdir / "writer.source.npy")
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(workdir, ignore_errors=True)
     res = {"args": {k: str(v) for k, v in vars(a).items()}, "prepare": prep, "build": build, "truth_s": truth_s,
            "final": verdict, "store": store, **{k: v for k, v in run.items() if k not in ("queries", "final")}}
-    lines = report(a, shape, res, run, slow, steal.log)
+    lines = report(a, shape, res, run, slow, machine.log)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.with_suffix(".json").write_text(json.dumps(res, default=str))
@@ -464,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     emit(lines, a.out)
 
 
-def report(a, shape: Shape, res: dict, run: dict, slow: float, steal: StealLog) -> list[str]:
+def report(a, shape: Shape, res: dict, run: dict, slow: float, machine: MachineLog) -> list[str]:
     seconds = a.minutes * 60
     how = (f"HTTP, 2-worker `gmmlsh serve`, {a.backend}" if a.http else f"Python API in process, {a.backend}")
     cmd = " ".join(["python -m bench.bench_operate", f"--shape {a.shape}", f"--n {a.n}", f"--minutes {a.minutes:g}",
@@ -477,11 +478,12 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float, steal: StealLog) 
          f"- load: one query thread, held-out queries round-robin; writer {a.write_rate:,.0f} rows/s in batches of "
          f"{a.batch} ({a.replace_share:.0%} replacements), {a.delete_rate:,.0f} deletes/s",
          "", *operate_report.intervals(run["queries"], run["writer"], run["events"], run["t0"], seconds, a.bucket,
-                                       slow, steal),
+                                       slow, machine),
          "", *operate_report.writer_summary(run["writer"], run["t0"], seconds, a.write_rate, a.delete_rate, slow),
+         *operate_report.slow_upserts(run["writer"], run["events"], run["t0"], slow, machine),
          *operate_report.placement(run.get("placed")),
          *operate_report.syncs(run["events"], run["query_thread"], run["queries"], run.get("answers")),
-         "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow, steal),
+         "", *operate_report.slow_queries(run["queries"], run["events"], run["t0"], slow, machine),
          *run.get("slow_stacks", []),
          "", *operate_report.upkeep(run["queries"], run["events"], run["t0"]), "",
          f"Final round ({f['queries']} other held-out queries, right after the load): **recall@10 {f['recall']:.3f}** "

@@ -6,8 +6,9 @@ default) pure CPU work (a sort of 3,000 floats, tens of µs, in the CPU's caches
 mirror: each read a cache and TLB miss, ~0.2 ms a unit), which a host that pages or remaps its
 guest's memory stalls where a sort does not. Every unit over ``--over`` ms is listed with what
 the kernel counted for it (``getrusage`` of the thread: CPU time, involuntary switches, minor
-faults) and the host's ``steal`` around it (:mod:`bench.host_steal`): a stall with no switch and
-no fault is time the virtual CPU lost to its host, seen as steal, or (here, for memory units)
+faults), the host's ``steal`` around it and the guest kernel's direct compactions and reclaims of
+memory and file refaults (:mod:`bench.machine_watch`): a stall with no switch, no fault and no
+compaction is time the virtual CPU lost to its host, seen as steal, or (here, for memory units)
 charged to the thread as its own CPU with no steal. ``--busy N`` runs N processes spinning
 beside it (N = cores − 1: the other cores busy, as under the operation benchmark's load).
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import emit
-from bench.host_steal import StealSampler
+from bench.machine_watch import MachineSampler
 
 
 def _spin(stop) -> None:
@@ -85,26 +86,32 @@ def main(argv: list[str] | None = None) -> None:
     for s in spinners:
         s.start()
     try:
-        with tempfile.TemporaryDirectory() as tmp, StealSampler(Path(tmp) / "steal.txt") as steal:
+        with tempfile.TemporaryDirectory() as tmp, MachineSampler(Path(tmp) / "machine.txt") as machine:
             units, longest, slow = stalls(a.seconds, a.over, unit)
     finally:
         stop.set()
         for s in spinners:
             s.join()
     quiet = sum(1 for _, cpu, sw, flt, _ in slow if sw == 0 and flt == 0)
-    stolen = [steal.log.during(t, t + ms / 1e3) * 1e3 for ms, _, _, _, t in slow]
-    hosts = sum(steal.log.accounts_for(t, t + ms / 1e3, a.over / 1e3) for ms, _, _, _, t in slow)
+    log = machine.log
+    stolen = [log.during(t, t + ms / 1e3) * 1e3 for ms, _, _, _, t in slow]
+    kernel = [log.stalls_between(t, t + ms / 1e3) for ms, _, _, _, t in slow]
+    hosts = sum(log.accounts_for(t, t + ms / 1e3, a.over / 1e3) for ms, _, _, _, t in slow)
     lines = [f"    python -m bench.machine_stalls --seconds {a.seconds:g} --busy {a.busy} --unit {a.unit}"
              + (f" --gib {a.gib:g}" if a.unit == "memory" else ""), "",
              f"{units:,} {a.unit} units ({a.seconds / units * 1e6:.0f} µs each on average) in {a.seconds:g} s, "
              f"{a.busy} spinning process(es) beside: "
              f"{len(slow)} over {a.over:g} ms, the longest {longest:.1f} ms; "
              f"{quiet} of them with no context switch and no fault; in {hosts} the host took a CPU (`steal`) "
-             f"for at least the time past {a.over:g} ms; {steal.log.total(-np.inf, np.inf):.2f} CPU s stolen in all.",
-             "", "| ms | CPU ms (the thread's) | involuntary switches | minor faults | host steal around it, ms |",
-             "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {ms:.1f} | {cpu:.1f} | {sw} | {flt} | {took:.0f} |"
-              for (ms, cpu, sw, flt, _), took in sorted(zip(slow, stolen, strict=True), reverse=True)]
+             f"for at least the time past {a.over:g} ms; {log.total(-np.inf, np.inf):.2f} CPU s stolen in all; "
+             f"{sum(k.any() for k in kernel)} of them with a direct compaction or reclaim of memory, or a file "
+             "refault, around them.",
+             "", "| ms | CPU ms (the thread's) | involuntary switches | minor faults | host steal around it, ms | "
+             "direct compactions, reclaims, file refaults around it |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {ms:.1f} | {cpu:.1f} | {sw} | {flt} | {took:.0f} | {k[0]}, {k[1]}, {k[2]} |"
+              for (ms, cpu, sw, flt, _), took, k in sorted(zip(slow, stolen, kernel, strict=True),
+                                                         key=lambda row: row[0], reverse=True)]
     emit(lines, a.out)
 
 

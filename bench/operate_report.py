@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.host_steal import StealLog
+from bench.machine_watch import MachineLog
 
 
 def _ms(s: float) -> str:
@@ -24,15 +24,17 @@ def _overlap(events: list[dict], t: float, lat: float) -> list[dict]:
 
 
 def intervals(q: dict, writer: dict, events: list[dict], t0: float, seconds: float, bucket: float,
-              slow: float, steal: StealLog) -> list[str]:
+              slow: float, machine: MachineLog) -> list[str]:
     """Per interval: queries/s, p50/p99/max latency, slow queries; rows upserted and ids deleted
     a second by the ticks the writer ran in it, and their worst lag; the CPU time the host took
-    from the machine (:mod:`bench.host_steal`); the upkeep that started in it."""
+    from the machine and the kernel's memory stalls (:mod:`bench.machine_watch`); the upkeep
+    that started in it."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     ticks = np.asarray(writer["ticks"]).reshape(-1, 6)  # due, start, upserted, end, rows, deleted
     L = [f"| interval (s) | queries/s | p50 ms | p99 ms | max ms | > {slow * 1e3:.0f} ms | query errors | "
-         "inserts/s | deletes/s | writer lag, max (s) | host steal (CPU s) | upkeep started |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+         "inserts/s | deletes/s | writer lag, max (s) | host steal (CPU s) | "
+         "direct compactions, reclaims, file refaults | upkeep started |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     errors = np.asarray([e[0] for e in q["errors"]]) if q["errors"] else np.zeros(0)
     for lo in np.arange(0.0, seconds, bucket):
         hi = min(lo + bucket, seconds)
@@ -47,7 +49,7 @@ def intervals(q: dict, writer: dict, events: list[dict], t0: float, seconds: flo
                  f"{_pct(ls, 100)} | {int((ls > slow).sum())} | "
                  f"{int(((errors >= t0 + lo) & (errors < t0 + hi)).sum())} | "
                  f"{rows_up / span:,.0f} | {ids_del / span:,.0f} | {lag} | "
-                 f"{steal.total(t0 + lo, t0 + hi):.2f} | {ups} |")
+                 f"{machine.total(t0 + lo, t0 + hi):.2f} | {_stalls(machine, t0 + lo, t0 + hi)} | {ups} |")
     return L
 
 
@@ -116,23 +118,33 @@ def syncs(events: list[dict], query_thread: str, q: dict, answers: int | None = 
     return out
 
 
-def slow_queries(q: dict, events: list[dict], t0: float, slow: float, steal: StealLog, worst: int = 5
+def _stalls(machine: MachineLog, lo: float, hi: float) -> str:
+    compactions, reclaims, refaults = machine.stalls_between(lo, hi)
+    return f"{compactions:,}, {reclaims:,}, {refaults:,}"
+
+
+def slow_queries(q: dict, events: list[dict], t0: float, slow: float, machine: MachineLog, worst: int = 5
                  ) -> list[str]:
     """The queries slower than ``slow``: how many; how many of them the host's steal explains
-    (it took enough of a CPU during the query to account for the time past ``slow``); the
-    worst, with the upkeep under way then and the steal around them."""
+    (it took enough of a CPU during the query to account for the time past ``slow``), and during
+    how many the kernel stalled some thread compacting or reclaiming memory; the worst, with the
+    upkeep under way then and the steal and stalls around them."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     over = np.flatnonzero(lat > slow)
-    hosts = sum(steal.accounts_for(start[i], start[i] + lat[i], slow) for i in over)
+    hosts = sum(machine.accounts_for(start[i], start[i] + lat[i], slow) for i in over)
+    kernel = sum(machine.stalls_between(start[i], start[i] + lat[i]).any() for i in over)
     L = [f"Queries slower than {slow * 1e3:.0f} ms: **{over.shape[0]:,}** of {lat.shape[0]:,}"
          + (f"; the worst {_ms(lat.max())} ms." if lat.size else ".")
          + (f" In **{hosts}** of them the host took a CPU for at least the time past {slow * 1e3:.0f} ms "
-            "(`steal`, between the samples around the query): without it they were under the bound."
+            f"(`steal`, between the samples around the query): without it they were under the bound. During "
+            f"**{kernel}** of them the kernel stalled a thread compacting or reclaiming memory, or read back "
+            "dropped file pages."
             if over.size else "")]
     for i in over[np.argsort(-lat[over])][:worst]:
         busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
-        stolen = steal.during(start[i], start[i] + lat[i])
-        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; host steal around it {_ms(stolen)} ms; "
+        stolen = machine.during(start[i], start[i] + lat[i])
+        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; host steal around it {_ms(stolen)} ms; direct "
+                 f"compactions, reclaims, file refaults around it {_stalls(machine, start[i], start[i] + lat[i])}; "
                  f"under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
 
@@ -168,4 +180,26 @@ def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, 
          f"- write errors (each retried until acknowledged): {len(writer['errors'])}"]
     for t, what, why in writer["errors"][:5]:
         L.append(f"  - at {t - t0:,.1f} s, {what}: {why}")
+    return L
+
+
+def slow_upserts(writer: dict, events: list[dict], t0: float, slow: float, machine: MachineLog, worst: int = 5
+                 ) -> list[str]:
+    """The writer's batch upserts slower than ``slow``: during how many the kernel stalled a thread
+    compacting or reclaiming memory; the worst, with the upkeep under way and the stalls around."""
+    ticks = np.asarray(writer["ticks"]).reshape(-1, 6)
+    if not ticks.size:
+        return []
+    start, took = ticks[:, 1], ticks[:, 2] - ticks[:, 1]
+    over = np.flatnonzero(took > slow)
+    if not over.size:
+        return [f"- no batch upsert over {slow * 1e3:.0f} ms"]
+    kernel = sum(machine.stalls_between(start[i], start[i] + took[i]).any() for i in over)
+    L = [f"- batch upserts over {slow * 1e3:.0f} ms: {over.shape[0]:,}; during {kernel} of them the kernel stalled "
+         "a thread compacting or reclaiming memory, or read back dropped file pages"]
+    for i in over[np.argsort(-took[over])][:worst]:
+        busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], took[i])})
+        L.append(f"  - at {start[i] - t0:,.2f} s: {_ms(took[i])} ms; direct compactions, reclaims, file refaults "
+                 f"around it {_stalls(machine, start[i], start[i] + took[i])}; "
+                 f"under way: {', '.join(busy) or 'no upkeep seen'}")
     return L
