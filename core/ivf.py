@@ -3,25 +3,22 @@ the list layout the search scans.
 
 The search partitions the index into lists of similar vectors so that a query
 scans a few lists instead of the whole index. Similarity here is sketch
-agreement on *first-stage rows*: the low two bits of the codes of the first 512 samples
-(planes 0 and 1 of a sketch's bit planes, :mod:`gmmlsh.core.codes`; 128 bytes), counted
-sample by sample: a sample agrees where both bits do. Two bits separate a query's
-neighbours from the rows around them where one bit cannot when similarities are low (the
-b-bit minwise hashing papers' result; strokes at 1M: the 500 best of 30,000 rows by one
-bit of 512 samples held 0.933 of the true top 10, by two bits 0.968: docs/tuning.md).
-A sketch of one bit has zeros for plane 1 (agreeing: one bit a sample); one of fewer than
-512 samples, zeros past them. Centroids are *modes*: per bit, the value most common among
-a list's members — the k-means of categorical codes (k-modes). A few rounds on a sample
-put nearly all of a query's true top 10 in a few percent of the rows (docs/tuning.md,
-"First-stage rows and inverted lists").
+agreement on *first-stage rows*: the first 64 bytes of a sketch's bit planes
+(:mod:`gmmlsh.core.codes`) — with 512 samples or more, the lowest bit of the codes of the
+first 512; with fewer, the next planes too (256 samples: two bits of each) — compared bit
+by bit. One bit of 512 samples ranks better than two bits of 256 in the same bytes (as the
+b-bit minwise hashing papers find for high similarities). Centroids are *modes*: per
+bit, the value most common among a list's members — the k-means of categorical codes
+(k-modes). A few rounds on a sample put nearly all of a query's true top 10 in a few
+percent of the rows (docs/tuning.md, "First-stage rows and inverted lists").
 
 A query chooses its lists by their *profiles*: the 2-bit modes of the members over every
-sample (not only the first 512 the assignment uses): on the same lists, the lists holding
+sample (not only the first 256 the assignment uses): on the same lists, the lists holding
 a query's true top 10 then rank higher. Profiles are stored transposed,
 ``(2 · words, lists)``, so that scoring every list is one vectorised pass.
 
 A list's first-stage rows are stored word by word (:func:`list_layout`): list ``c``'s
-word ``w`` of every entry lies at ``L[16·starts[c] + w·size : …+ size]``, so that
+word ``w`` of every entry lies at ``L[8·starts[c] + w·size : …+ size]``, so that
 :func:`list_scores` scores 8 entries per vector instruction (AVX-512 ``vpopcntq``)
 instead of one row at a time.
 """
@@ -35,44 +32,29 @@ from gmmlsh.core.codes import WORD
 from gmmlsh.core.intrinsics import popcount
 from gmmlsh.core.parallel import spread
 
-#: Samples a first-stage row covers (the highest first-stage agreement), the words of one of
-#: its planes, and its words: plane 0 of those samples, then plane 1.
-FIRST_SAMPLES = 512
-PLANE_WORDS = FIRST_SAMPLES // WORD
-FIRST_WORDS = 2 * PLANE_WORDS
+#: Words of a first-stage row: the first 8 words of a plane row (plane 0 of 512 samples, or
+#: planes 0 and 1 of 256, …), zero where a sketch has fewer bits (equal on both sides).
+FIRST_WORDS = 8
 
 
 def first_rows(planes: np.ndarray, words: int, bits: int) -> np.ndarray:
-    """First-stage rows ``(n, FIRST_WORDS)`` of plane rows ``(n, bits · words)``: the low two
-    bits of the first :data:`FIRST_SAMPLES` samples, zero where a sketch has fewer."""
+    """First-stage rows ``(n, FIRST_WORDS)`` of plane rows ``(n, bits · words)``."""
     out = np.zeros((planes.shape[0], FIRST_WORDS), dtype=np.uint64)
-    w = min(PLANE_WORDS, words)
-    for p in range(min(2, bits)):
-        out[:, p * PLANE_WORDS:p * PLANE_WORDS + w] = planes[:, p * words:p * words + w]
+    w = min(FIRST_WORDS, bits * words)
+    out[:, :w] = planes[:, :w]
     return out
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _agree2(a, b, w):
-    """Samples of word ``w`` on which both low bits agree."""
-    return popcount(~((a[w] ^ b[w]) | (a[PLANE_WORDS + w] ^ b[PLANE_WORDS + w])))
-
-
-@njit(nogil=True, cache=True, inline="always")
 def first_agreement(a, b):
-    """Samples (of 512) on which two first-stage rows agree, both low bits.
+    """Bits (of 512) on which two first-stage rows agree.
 
     Written out for the fixed layout: with the width as a runtime value nothing is unrolled
     and every index is range-checked (docs/tuning.md).
     """
-    return (_agree2(a, b, 0) + _agree2(a, b, 1) + _agree2(a, b, 2) + _agree2(a, b, 3)
-            + _agree2(a, b, 4) + _agree2(a, b, 5) + _agree2(a, b, 6) + _agree2(a, b, 7))
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _word(L, base, size, w):
-    """Word ``w`` of every entry of a list laid out word by word from ``base``."""
-    return L[base + w * size:base + (w + 1) * size]
+    return (popcount(~(a[0] ^ b[0])) + popcount(~(a[1] ^ b[1])) + popcount(~(a[2] ^ b[2]))
+            + popcount(~(a[3] ^ b[3])) + popcount(~(a[4] ^ b[4])) + popcount(~(a[5] ^ b[5]))
+            + popcount(~(a[6] ^ b[6])) + popcount(~(a[7] ^ b[7])))
 
 
 @njit(nogil=True, cache=True)
@@ -80,19 +62,15 @@ def list_scores(L, lo, size, qf, out):
     """First-stage agreement of the query's row ``qf`` with the ``size`` entries of the list
     starting at entry ``lo`` of a :func:`list_layout` array, into ``out[:size]`` (uint16)."""
     base = lo * FIRST_WORDS
-    a0, a1, a2, a3 = _word(L, base, size, 0), _word(L, base, size, 1), _word(L, base, size, 2), _word(L, base, size, 3)
-    a4, a5, a6, a7 = _word(L, base, size, 4), _word(L, base, size, 5), _word(L, base, size, 6), _word(L, base, size, 7)
-    b0, b1 = _word(L, base, size, 8), _word(L, base, size, 9)
-    b2, b3 = _word(L, base, size, 10), _word(L, base, size, 11)
-    b4, b5 = _word(L, base, size, 12), _word(L, base, size, 13)
-    b6, b7 = _word(L, base, size, 14), _word(L, base, size, 15)
-    p0, p1, p2, p3, p4, p5, p6, p7 = qf[0], qf[1], qf[2], qf[3], qf[4], qf[5], qf[6], qf[7]
-    r0, r1, r2, r3, r4, r5, r6, r7 = qf[8], qf[9], qf[10], qf[11], qf[12], qf[13], qf[14], qf[15]
+    q0, q1, q2, q3, q4, q5, q6, q7 = qf[0], qf[1], qf[2], qf[3], qf[4], qf[5], qf[6], qf[7]
+    w0, w1 = L[base:base + size], L[base + size:base + 2 * size]
+    w2, w3 = L[base + 2 * size:base + 3 * size], L[base + 3 * size:base + 4 * size]
+    w4, w5 = L[base + 4 * size:base + 5 * size], L[base + 5 * size:base + 6 * size]
+    w6, w7 = L[base + 6 * size:base + 7 * size], L[base + 7 * size:base + 8 * size]
     for e in range(size):
-        out[e] = np.uint16(popcount(~((a0[e] ^ p0) | (b0[e] ^ r0))) + popcount(~((a1[e] ^ p1) | (b1[e] ^ r1)))
-                           + popcount(~((a2[e] ^ p2) | (b2[e] ^ r2))) + popcount(~((a3[e] ^ p3) | (b3[e] ^ r3)))
-                           + popcount(~((a4[e] ^ p4) | (b4[e] ^ r4))) + popcount(~((a5[e] ^ p5) | (b5[e] ^ r5)))
-                           + popcount(~((a6[e] ^ p6) | (b6[e] ^ r6))) + popcount(~((a7[e] ^ p7) | (b7[e] ^ r7))))
+        out[e] = np.uint16(popcount(~(w0[e] ^ q0)) + popcount(~(w1[e] ^ q1)) + popcount(~(w2[e] ^ q2))
+                           + popcount(~(w3[e] ^ q3)) + popcount(~(w4[e] ^ q4)) + popcount(~(w5[e] ^ q5))
+                           + popcount(~(w6[e] ^ q6)) + popcount(~(w7[e] ^ q7)))
 
 
 def list_layout(F: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ from gmmlsh.core.coarse import HEADER, coarse_gmm
 from gmmlsh.core.codes import WORD
 from gmmlsh.core.gmm import _FAST, _ratio, _same_sign_min
 from gmmlsh.core.intrinsics import CACHE_LINE, popcount, prefetch, prefetch_flat
-from gmmlsh.core.ivf import FIRST_SAMPLES, first_agreement, list_scores, profile_scores
+from gmmlsh.core.ivf import FIRST_WORDS, first_agreement, list_scores, profile_scores
 from gmmlsh.core.select import GROUP, choose, select
 
 #: Rows the rank and GMM passes ask for ahead of the one they score (each is a random row:
@@ -32,8 +32,8 @@ _LINE_WORDS = CACHE_LINE // 8  # uint64 words per cache line
 _LINE_VALUES = CACHE_LINE // 4  # float32 values per cache line
 # Constants a kernel passes to another are numpy integers: a Python int would be typed as its
 # literal value, and the callee compiled once more for it.
-#: Highest first-stage score (samples in a first-stage row).
-_FIRST_TOP = np.int64(FIRST_SAMPLES)
+#: Highest first-stage score (bits in a first-stage row).
+_FIRST_TOP = np.int64(FIRST_WORDS * WORD)
 #: Levels a coarse GMM is cut to for choosing the rows scored exactly (a counting selection).
 _GMM_LEVELS = np.int64(4095)
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from gmmlsh.core.rng import GENERATOR_VERSION
 
 #: Bump when the stored layout changes; an index of another version is refused.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 3
 #: Largest ``k`` (neighbours) a query may ask for.
 MAX_K = 1000
 #: Neighbours a query returns when it does not say.

@@ -67,22 +67,20 @@ def test_plane_agreement_counts_equal_low_bits(k, bits):
         np.testing.assert_array_equal(got, want)
 
 
-def test_first_rows_hold_the_low_two_bits_of_the_first_512_samples():
-    """A sample agrees where both low bits of its code do; a sketch of one bit agrees on its one
-    bit; samples past the sketch's (fewer than 512) are zero on both sides (agreeing: a constant
-    offset)."""
+def test_first_rows_hold_the_first_512_bits_of_the_planes():
+    """Plane 0 of 512 samples or more; with fewer samples, the next planes too (256 samples:
+    two bits of each), the rest zero on both sides (agreeing: a constant offset)."""
     rng = np.random.default_rng(1)
     A, B = _codes(rng, 30, 600, 8), _codes(rng, 30, 600, 8)
     B[:, :200] = A[:, :200]
-    B[:, 300:400] ^= 2  # bit 0 agrees, bit 1 does not: a 1-bit row would count these
-    for k, bits in ((600, 8), (512, 2), (256, 8), (64, 2), (100, 1), (600, 1)):
+    for k, bits, planes_used in ((600, 8, 1), (256, 8, 2), (64, 8, 8), (64, 2, 2), (100, 1, 1)):
         a, b = A[:, :k] & ((1 << bits) - 1), B[:, :k] & ((1 << bits) - 1)
         FA = first_rows(bit_planes(a, bits), plane_words(k), bits)
         FB = first_rows(bit_planes(b, bits), plane_words(k), bits)
         assert FA.shape == (30, FIRST_WORDS)
-        used = min(k, 512)
-        low = (1 << min(bits, 2)) - 1
-        want = ((a[:, :used] & low) == (b[:, :used] & low)).sum(axis=1) + 512 - used
+        used = min(k, 512 // planes_used)  # samples whose bits are in the row
+        want = sum(((a[:, :used] >> p & 1) == (b[:, :used] >> p & 1)).sum(axis=1) for p in range(planes_used))
+        want = want + 512 - used * planes_used
         np.testing.assert_array_equal([first_agreement(FA[i], FB[i]) for i in range(30)], want, err_msg=str(k))
 
 
