@@ -31,7 +31,7 @@ from bench.common import emit
 from bench.zoo import SHAPES, truth
 from gmmlsh.core.codes import WORD, bit_planes, plane_words
 from gmmlsh.core.intrinsics import popcount
-from gmmlsh.core.ivf import FIRST_WORDS, assign, assign_profiles, kmodes, profile_scores, profiles
+from gmmlsh.core.ivf import assign, assign_profiles, first_rows, kmodes, profile_scores, profiles
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig
 from gmmlsh.index.records import codes_of
 from gmmlsh.index.segments import LIST_ROWS, SAMPLE_MAX, SAMPLE_PER_LIST
@@ -63,7 +63,7 @@ class Lists:
         self.count = max(1, n // list_rows)
         rng = np.random.default_rng(seed)
         sample = np.sort(rng.choice(n, min(n, SAMPLE_PER_LIST * self.count, SAMPLE_MAX), replace=False))
-        F = np.ascontiguousarray(planes[sample, :FIRST_WORDS])
+        F = first_rows(planes[sample], words, bits)
         t = time.perf_counter()
         self.profiles = profiles(planes, sample, assign(F, kmodes(F, self.count, seed=seed)), self.count, words,
                                  bits)
