@@ -27,7 +27,7 @@ For one shape of the data zoo (:mod:`bench.zoo`) at ``n`` rows:
 Reported per interval (``--bucket`` seconds): queries/s, p50/p99/max latency, queries over
 ``--slow-ms`` (default 50; 100 over HTTP, acceptance 4), inserts/s and deletes/s achieved,
 the writer's lag, the CPU time the host took from this virtual machine (``steal``) and the
-kernel's memory stalls (direct compactions and reclaims), both sampled by
+kernel's memory stalls (direct compactions and reclaims, file refaults), both sampled by
 :mod:`bench.machine_watch` (a query on a CPU the host took is stopped meanwhile); then every
 upkeep run with its duration and the queries it overlapped, and the slowest queries with what
 was under way; over HTTP, which server worker held each client's connection

@@ -107,17 +107,20 @@ class MachineLog:
         what the host took, it would have been under the bound."""
         return hi - lo - self.during(lo, hi) <= bound
 
+    def _within(self, lo: float, hi: float) -> tuple[int, int]:
+        """:meth:`_around`, cut to the samples there are."""
+        a = max(int(np.searchsorted(self.t, lo, side="right")) - 1, 0)
+        return a, min(int(np.searchsorted(self.t, hi, side="left")), self.t.shape[0] - 1)
+
     def total(self, lo: float, hi: float) -> float:
         """Seconds stolen from all CPUs together between the samples around ``[lo, hi)``."""
-        a = max(int(np.searchsorted(self.t, lo, side="right")) - 1, 0)
-        b = min(int(np.searchsorted(self.t, hi, side="left")), self.t.shape[0] - 1)
+        a, b = self._within(lo, hi)
         return float((self.stolen[b] - self.stolen[a]).sum()) if b > a else 0.0
 
     def stalls_between(self, lo: float, hi: float) -> np.ndarray:
         """The machine's memory stalls (:data:`STALLS`, each) between the samples around
         ``[lo, hi)``: the kernel's own stalls, of any thread, while it ran (0 where not covered)."""
-        a = max(int(np.searchsorted(self.t, lo, side="right")) - 1, 0)
-        b = min(int(np.searchsorted(self.t, hi, side="left")), self.t.shape[0] - 1)
+        a, b = self._within(lo, hi)
         return (self.stalls[b] - self.stalls[a]).astype(np.int64) if b > a else np.zeros(len(STALLS), np.int64)
 
 

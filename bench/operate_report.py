@@ -127,7 +127,8 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, machine: M
                  ) -> list[str]:
     """The queries slower than ``slow``: how many; how many of them the host's steal explains
     (it took enough of a CPU during the query to account for the time past ``slow``), and during
-    how many the kernel stalled some thread compacting or reclaiming memory; the worst, with the
+    how many the kernel stalled some thread compacting or reclaiming memory, or read back dropped
+    file pages; the worst, with the
     upkeep under way then and the steal and stalls around them."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
     over = np.flatnonzero(lat > slow)
@@ -186,7 +187,8 @@ def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, 
 def slow_upserts(writer: dict, events: list[dict], t0: float, slow: float, machine: MachineLog, worst: int = 5
                  ) -> list[str]:
     """The writer's batch upserts slower than ``slow``: during how many the kernel stalled a thread
-    compacting or reclaiming memory; the worst, with the upkeep under way and the stalls around."""
+    compacting or reclaiming memory, or read back dropped file pages; the worst, with the upkeep
+    under way and the stalls around."""
     ticks = np.asarray(writer["ticks"]).reshape(-1, 6)
     if not ticks.size:
         return []
