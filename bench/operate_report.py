@@ -123,17 +123,36 @@ def _stalls(machine: MachineLog, lo: float, hi: float) -> str:
     return f"{compactions:,}, {reclaims:,}, {refaults:,}"
 
 
+def _over(start: np.ndarray, took: np.ndarray, slow: float, machine: MachineLog) -> tuple[np.ndarray, int, int]:
+    """The spans over ``slow`` seconds; in how many the host's steal accounts for the time past
+    ``slow``; during how many the kernel stalled a thread compacting or reclaiming memory, or
+    read back dropped file pages."""
+    over = np.flatnonzero(took > slow)
+    hosts = sum(machine.accounts_for(start[i], start[i] + took[i], slow) for i in over)
+    kernel = sum(machine.stalls_between(start[i], start[i] + took[i]).any() for i in over)
+    return over, int(hosts), int(kernel)
+
+
+def _worst(start: np.ndarray, took: np.ndarray, over: np.ndarray, events: list[dict], t0: float,
+           machine: MachineLog, worst: int, bullet: str) -> list[str]:
+    """A line for each of the ``worst`` longest spans ``over``: when, how long, the steal and the
+    kernel's stalls around it, the upkeep under way."""
+    L = []
+    for i in over[np.argsort(-took[over])][:worst]:
+        lo, hi = start[i], start[i] + took[i]
+        busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, lo, took[i])})
+        L.append(f"{bullet} at {lo - t0:,.2f} s: {_ms(took[i])} ms; host steal around it {_ms(machine.during(lo, hi))} "
+                 f"ms; direct compactions, reclaims, file refaults around it {_stalls(machine, lo, hi)}; "
+                 f"under way: {', '.join(busy) or 'no upkeep seen'}")
+    return L
+
+
 def slow_queries(q: dict, events: list[dict], t0: float, slow: float, machine: MachineLog, worst: int = 5
                  ) -> list[str]:
-    """The queries slower than ``slow``: how many; how many of them the host's steal explains
-    (it took enough of a CPU during the query to account for the time past ``slow``), and during
-    how many the kernel stalled some thread compacting or reclaiming memory, or read back dropped
-    file pages; the worst, with the
-    upkeep under way then and the steal and stalls around them."""
+    """The queries slower than ``slow``: how many, how many of them the host's steal or the
+    kernel's stalls explain (:func:`_over`), and the worst (:func:`_worst`)."""
     start, lat = np.asarray(q["start"]), np.asarray(q["latency"])
-    over = np.flatnonzero(lat > slow)
-    hosts = sum(machine.accounts_for(start[i], start[i] + lat[i], slow) for i in over)
-    kernel = sum(machine.stalls_between(start[i], start[i] + lat[i]).any() for i in over)
+    over, hosts, kernel = _over(start, lat, slow, machine)
     L = [f"Queries slower than {slow * 1e3:.0f} ms: **{over.shape[0]:,}** of {lat.shape[0]:,}"
          + (f"; the worst {_ms(lat.max())} ms." if lat.size else ".")
          + (f" In **{hosts}** of them the host took a CPU for at least the time past {slow * 1e3:.0f} ms "
@@ -141,13 +160,7 @@ def slow_queries(q: dict, events: list[dict], t0: float, slow: float, machine: M
             f"**{kernel}** of them the kernel stalled a thread compacting or reclaiming memory, or read back "
             "dropped file pages."
             if over.size else "")]
-    for i in over[np.argsort(-lat[over])][:worst]:
-        busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], lat[i])})
-        stolen = machine.during(start[i], start[i] + lat[i])
-        L.append(f"- at {start[i] - t0:,.2f} s: {_ms(lat[i])} ms; host steal around it {_ms(stolen)} ms; direct "
-                 f"compactions, reclaims, file refaults around it {_stalls(machine, start[i], start[i] + lat[i])}; "
-                 f"under way: {', '.join(busy) or 'no upkeep seen'}")
-    return L
+    return L + _worst(start, lat, over, events, t0, machine, worst, "-")
 
 
 def placement(placed: dict[str, list[int]] | None) -> list[str]:
@@ -186,22 +199,14 @@ def writer_summary(writer: dict, t0: float, seconds: float, target_rows: float, 
 
 def slow_upserts(writer: dict, events: list[dict], t0: float, slow: float, machine: MachineLog, worst: int = 5
                  ) -> list[str]:
-    """The writer's batch upserts slower than ``slow``: during how many the kernel stalled a thread
-    compacting or reclaiming memory, or read back dropped file pages; the worst, with the upkeep
-    under way and the stalls around."""
+    """The writer's batch upserts slower than ``slow``, as :func:`slow_queries` tells the queries."""
     ticks = np.asarray(writer["ticks"]).reshape(-1, 6)
     if not ticks.size:
         return []
     start, took = ticks[:, 1], ticks[:, 2] - ticks[:, 1]
-    over = np.flatnonzero(took > slow)
+    over, hosts, kernel = _over(start, took, slow, machine)
     if not over.size:
         return [f"- no batch upsert over {slow * 1e3:.0f} ms"]
-    kernel = sum(machine.stalls_between(start[i], start[i] + took[i]).any() for i in over)
-    L = [f"- batch upserts over {slow * 1e3:.0f} ms: {over.shape[0]:,}; during {kernel} of them the kernel stalled "
-         "a thread compacting or reclaiming memory, or read back dropped file pages"]
-    for i in over[np.argsort(-took[over])][:worst]:
-        busy = sorted({f"{e['kind']} ({e['thread']})" for e in _overlap(events, start[i], took[i])})
-        L.append(f"  - at {start[i] - t0:,.2f} s: {_ms(took[i])} ms; direct compactions, reclaims, file refaults "
-                 f"around it {_stalls(machine, start[i], start[i] + took[i])}; "
-                 f"under way: {', '.join(busy) or 'no upkeep seen'}")
-    return L
+    return [f"- batch upserts over {slow * 1e3:.0f} ms: {over.shape[0]:,}; the host's steal accounts for {hosts}; "
+            f"during {kernel} of them the kernel stalled a thread compacting or reclaiming memory, or read back "
+            "dropped file pages", *_worst(start, took, over, events, t0, machine, worst, "  -")]
