@@ -29,8 +29,7 @@ from numba import njit
 
 from bench.common import emit
 from bench.zoo import SHAPES, truth
-from gmmlsh.core.codes import WORD, bit_planes, plane_words
-from gmmlsh.core.intrinsics import popcount
+from gmmlsh.core.codes import WORD, agreement, bit_planes, plane_words
 from gmmlsh.core.ivf import assign, assign_profiles, first_rows, kmodes, profile_scores, profiles
 from gmmlsh.index.config import RANK_BITS_MAX, IndexConfig
 from gmmlsh.index.records import codes_of
@@ -100,18 +99,10 @@ def lists_share(lists: Lists, qplanes: np.ndarray, top: np.ndarray) -> list[floa
 
 @njit(cache=True)
 def _agreement(planes, rows, qp, words, nplanes, used):
-    """Samples (of the first ``used`` words of each plane) on which the low ``nplanes`` bits of
-    each row's codes agree with the query's."""
+    """:func:`gmmlsh.core.codes.agreement` of each row ``planes[rows[i]]`` with the query's."""
     out = np.empty(rows.shape[0], np.int64)
     for i in range(rows.shape[0]):
-        a = planes[rows[i]]
-        total = 0
-        for w in range(used):
-            differ = np.uint64(0)
-            for p in range(nplanes):
-                differ |= a[p * words + w] ^ qp[p * words + w]
-            total += popcount(~differ)
-        out[i] = total
+        out[i] = agreement(planes[rows[i]], qp, words, nplanes, used)
     return out
 
 
