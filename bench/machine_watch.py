@@ -109,8 +109,8 @@ class MachineLog:
 
     def _within(self, lo: float, hi: float) -> tuple[int, int]:
         """:meth:`_around`, cut to the samples there are."""
-        a = max(int(np.searchsorted(self.t, lo, side="right")) - 1, 0)
-        return a, min(int(np.searchsorted(self.t, hi, side="left")), self.t.shape[0] - 1)
+        a, b = self._around(lo, hi)
+        return max(a, 0), (b if b >= 0 else self.t.shape[0] - 1)
 
     def total(self, lo: float, hi: float) -> float:
         """Seconds stolen from all CPUs together between the samples around ``[lo, hi)``."""
