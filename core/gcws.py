@@ -36,6 +36,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from gmmlsh.core.bundles import frozen
+from gmmlsh.core.codes import bbit_codes, bit_planes, istar_planes, plane_words
 from gmmlsh.core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
 from gmmlsh.core.lane_step import broadcast_step
 from gmmlsh.core.parallel import spread
@@ -178,6 +179,15 @@ def _sample_dense(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
             if done:
                 continue
         _sample_vector(v, 0, p, rows, coords, logs, table, k, state, out_i, out_t, want_t)
+
+
+@njit(nogil=True, cache=True)
+def _dense_planes(X, rowmap, table, walk_e, walk_c, k, bits, seed, out):
+    """:func:`_sample_dense` (i* only) and :func:`~gmmlsh.core.codes.istar_planes` of dense rows
+    in one call: the bit planes of their b-bit codes into ``out``."""
+    istar = np.empty((X.shape[0], k), dtype=np.int32)
+    _sample_dense(X, rowmap, table, walk_e, walk_c, k, istar, np.empty((1, 1), dtype=np.int64), False)
+    istar_planes(istar, bits, seed, out)
 
 
 @njit(nogil=True, cache=True)
@@ -406,7 +416,7 @@ def sketch(
     if form == "dense":
         if path == "table":
             table, walk = _full_tables(2 * dim, k, int(seed), not return_t)
-            rowmap = np.arange(2 * dim, dtype=np.int64)
+            rowmap = _identity(2 * dim)
         else:
             walk = NO_WALK
             used = _dense_coords(data)
@@ -428,6 +438,30 @@ def sketch(
     if one:
         out_i, out_t = out_i[0], out_t[0]
     return (out_i, out_t) if return_t else out_i
+
+
+def sketch_planes(X, k: int, seed: int, bits: int) -> np.ndarray:
+    """Bit planes ``(n, bits · words)`` of the ``bits``-bit codes of the rows' i* — what
+    ``bit_planes(bbit_codes(sketch(X, k, seed), bits, seed), bits)`` gives — of validated rows
+    (see ``check=False`` in :func:`sketch`). Dense rows whose full table fits take one compiled
+    call (a query's hashing: the numpy calls between the kernels cost it a tenth of its time)."""
+    if sp.issparse(X) or not table_fits(np.shape(X)[-1], k):
+        return bit_planes(bbit_codes(sketch(X, k, seed, check=False), bits, seed), bits)
+    A = dense_batch(X, False)
+    n, dim = A.shape
+    out = np.empty((n, bits * plane_words(k)), dtype=np.uint64)
+    table, walk = _full_tables(2 * dim, k, int(seed), True)
+    rowmap = _identity(2 * dim)
+    spread(lambda lo, hi: _dense_planes(A[lo:hi], rowmap, table, *walk, k, bits, np.uint64(seed), out[lo:hi]), n,
+           A.size * k // 2)
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _identity(dim2: int) -> np.ndarray:
+    """The full table's row map: coordinate ``c`` is row ``c`` (writable, as the direct path's:
+    one compiled sampler for both; nobody writes it)."""
+    return np.arange(dim2, dtype=np.int64)
 
 
 def sketch_sparse_vector(indices, values, dim: int, k: int, seed: int = 0, **kw):

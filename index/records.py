@@ -22,7 +22,7 @@ import orjson
 import scipy.sparse as sp
 
 from gmmlsh.core import gcws
-from gmmlsh.core.codes import bbit_codes, pack_codes
+from gmmlsh.core.codes import bbit_codes, bit_planes, pack_codes
 from gmmlsh.core.gmm import l1_norms
 from gmmlsh.core.nrff import features
 from gmmlsh.core.validate import (
@@ -158,6 +158,14 @@ def codes_of(Xh, config: IndexConfig) -> np.ndarray:
     else:
         istar, tstar = gcws.sketch(Xh, config.samples, config.seed, check=False), None
     return bbit_codes(istar, config.bits, config.seed, tstar, config.t_bits)
+
+
+def planes_of(Xh, config: IndexConfig) -> np.ndarray:
+    """Bit planes of hashable rows' codes: ``bit_planes(codes_of(Xh, config), config.bits)``,
+    in one compiled call where the rows allow it (:func:`~gmmlsh.core.gcws.sketch_planes`)."""
+    if config.t_bits:
+        return bit_planes(codes_of(Xh, config), config.bits)
+    return gcws.sketch_planes(Xh, config.samples, config.seed, config.bits)
 
 
 def encode_meta(metadata: Sequence[dict | None] | None, n: int) -> list[bytes | None] | None:

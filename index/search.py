@@ -33,7 +33,7 @@ from gmmlsh.core.select import GROUP, top_k
 from gmmlsh.core.validate import VectorError
 from gmmlsh.index.config import DEFAULT_K, DEFAULT_RARE, RANK_BITS_MAX, IndexConfig, SearchParams
 from gmmlsh.index.mirror import View
-from gmmlsh.index.records import SparseRow, as_hashed, codes_of, mirror_row
+from gmmlsh.index.records import SparseRow, as_hashed, codes_of, mirror_row, planes_of
 from gmmlsh.results import Neighbor, QueryResult
 
 #: Modes a query may ask for: ``auto`` lets the index choose (what its tuning found cheapest
@@ -102,7 +102,7 @@ def prepare_vectors(X32, config: IndexConfig, sketch: bool = True, codes: np.nda
     n = Xh.shape[0]
     planes = first = [None] * n
     if sketch:
-        planes = bit_planes(codes if codes is not None else codes_of(Xh, config), config.bits)
+        planes = bit_planes(codes, config.bits) if codes is not None else planes_of(Xh, config)
         first = first_rows(planes, planes.shape[1] // config.bits, config.bits)
     if sp.issparse(Xh):  # scattered into zeros: scipy's toarray costs more than the query's nonzeros
         dense = np.zeros(Xh.shape)

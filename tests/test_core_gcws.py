@@ -42,6 +42,7 @@ from gmmlsh.core import gcws, parallel
 from gmmlsh.core.codes import (
     bbit_codes,
     bbit_collision_probability,
+    bit_planes,
     collision_rate,
     corrected_rate,
     estimate_gmm,
@@ -49,7 +50,7 @@ from gmmlsh.core.codes import (
     packed_bytes,
     unpack_codes,
 )
-from gmmlsh.core.gcws import sketch, sketch_sparse_vector
+from gmmlsh.core.gcws import sketch, sketch_planes, sketch_sparse_vector
 from gmmlsh.core.gmm import gmm, gmm_many
 
 Z = 4.0  # standard errors; two-sided normal tail 6.3e-5 per comparison
@@ -409,6 +410,17 @@ def test_single_vs_batch_and_table_vs_direct(mixed_rows: np.ndarray) -> None:
                 np.testing.assert_array_equal(i1, I[r])
                 np.testing.assert_array_equal(t1, T[r])
     np.testing.assert_array_equal(sketch(X, 64, seed=3, path="auto"), sketch(X, 64, seed=3, path="direct"))
+
+
+def test_sketch_planes_are_the_planes_of_the_codes(mixed_rows: np.ndarray) -> None:
+    """The query path's one-call planes equal the planes of the codes of the sketch, for rows the
+    walk takes (images), signed rows, one row, sparse input, and widths of 1 to 16 bits."""
+    X = mixed_rows
+    for k, bits in ((512, 8), (96, 1), (33, 3), (64, 16)):
+        want = bit_planes(bbit_codes(sketch(X, k, seed=9), bits, 9), bits)
+        np.testing.assert_array_equal(sketch_planes(X, k, 9, bits), want)
+        np.testing.assert_array_equal(sketch_planes(X[200:201].astype(np.float32), k, 9, bits), want[200:201])
+        np.testing.assert_array_equal(sketch_planes(sp.csr_matrix(X), k, 9, bits), want)
 
 
 def test_direct_path_past_its_coordinate_cache(mixed_rows: np.ndarray, monkeypatch) -> None:

@@ -244,7 +244,9 @@ def test_second_process_sees_committed_data(store, db_path, rng):
         assert out["iids"][:2] == store.lookup(["p0", "p7"]).tolist()
         assert out["vec"][:2] == [recs[0]["vector"].hex(), recs[7]["vector"].hex()]
         assert out["config"] == {"dim": 5} and out["token"] == token
-    # ... and this process sees what the child committed.
+    # ... and this process sees what the child committed: its token too (read before the
+    # child's commit, it is kept only while the environment shows no newer transaction).
+    assert store.token()[0] == token[0] + 1
     assert store.lookup(["from-child"])[0] >= 0
     assert store.count() == 11
 

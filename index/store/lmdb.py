@@ -16,7 +16,7 @@ Named databases of one environment:
   feed's second half (its first half is the iid counter: iids are handed out in order).
 
 A write is one transaction, so readers see whole batches; the state key moves
-with every write, so :meth:`LmdbStore.token` is one ``get``.
+with every write, so :meth:`LmdbStore.token` is one ``get`` (none while no commit happened).
 
 Processes and threads: an environment must be opened **in each process** (after
 fork, e.g. in the uvicorn lifespan) and never inherited; the store refuses use
@@ -136,6 +136,7 @@ class LmdbStore:
             raise
         self._pid = os.getpid()
         self._refused_at: int | None = None  # free bytes when a write was last refused for a full disk
+        self._token_seen: tuple[int, Token] | None = None  # (transaction id, token read in it)
         self._env = env
 
     def _open_dbs(self, env: lmdb.Environment) -> None:
@@ -314,8 +315,16 @@ class LmdbStore:
         return {f: [rec[f] for rec in records] for f in fields}
 
     def token(self) -> Token:
+        """Where the feed stands: the token last read, while the environment's last transaction
+        id shows no commit since (any process's commit moves it: one look at the meta page), else
+        one ``get`` — a query asks for it every time, and nearly always nothing changed."""
+        env = self._live_env()
+        seen = self._token_seen
+        if seen is not None and env.info()["last_txnid"] == seen[0]:
+            return seen[1]
         with self._txn() as txn:
             next_iid, _, retired = self._state(txn)
+            self._token_seen = (txn.id(), (next_iid, retired))
         return (next_iid, retired)
 
     def token_later(self) -> Callable[[], Token]:
@@ -392,7 +401,7 @@ class LmdbStore:
     def ping(self) -> None:
         if not (self.path / "data.mdb").exists():
             raise StoreUnavailable(f"LMDB data file {self.path / 'data.mdb'} has vanished")
-        self.token()
+        self.count()  # a real read, not the token's cached one
 
     def info(self) -> dict:
         env = self._live_env()
