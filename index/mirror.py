@@ -161,6 +161,8 @@ class View:
         return [b.decode("utf-8") for b in gather(*self.names, rows)]
 
     def metadata_of(self, rows: list[int]) -> list[bytes | None]:
+        if not self.meta[1].shape[0]:  # no row holds metadata: nothing to gather
+            return [None] * len(rows)
         return [b or None for b in gather(*self.meta, rows)]
 
     def restricted(self, alive: np.ndarray, live: int) -> View:
