@@ -186,7 +186,8 @@ def _dense_planes(X, rowmap, table, walk_e, walk_c, k, bits, seed, out):
     """:func:`_sample_dense` (i* only) and :func:`~gmmlsh.core.codes.istar_planes` of dense rows
     in one call: the bit planes of their b-bit codes into ``out``."""
     istar = np.empty((X.shape[0], k), dtype=np.int32)
-    _sample_dense(X, rowmap, table, walk_e, walk_c, k, istar, np.empty((1, 1), dtype=np.int64), False)
+    no_t = k < 0  # False, worked out: a literal False would compile the sampler once more for it
+    _sample_dense(X, rowmap, table, walk_e, walk_c, k, istar, np.empty((1, 1), dtype=np.int64), no_t)
     istar_planes(istar, bits, seed, out)
 
 
