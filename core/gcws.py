@@ -444,11 +444,11 @@ def sketch(
 def sketch_planes(X, k: int, seed: int, bits: int) -> np.ndarray:
     """Bit planes ``(n, bits · words)`` of the ``bits``-bit codes of the rows' i* — what
     ``bit_planes(bbit_codes(sketch(X, k, seed), bits, seed), bits)`` gives — of validated rows
-    (see ``check=False`` in :func:`sketch`). Dense rows whose full table fits take one compiled
-    call (a query's hashing: the calls between the kernels were a fifth of its preparing)."""
-    if sp.issparse(X) or not table_fits(np.shape(X)[-1], k):
+    (see ``check=False`` in :func:`sketch`). Dense float32 rows whose full table fits take one
+    compiled call (a query's hashing: the calls between the kernels were a fifth of its preparing)."""
+    A = None if sp.issparse(X) or not table_fits(np.shape(X)[-1], k) else dense_batch(X, False)
+    if A is None or A.dtype != np.float32:  # float32: stored precision, what queries are (one compiled kernel)
         return bit_planes(bbit_codes(sketch(X, k, seed, check=False), bits, seed), bits)
-    A = dense_batch(X, False)
     n, dim = A.shape
     out = np.empty((n, bits * plane_words(k)), dtype=np.uint64)
     table, walk = _full_tables(2 * dim, k, int(seed), True)

@@ -413,14 +413,16 @@ def test_single_vs_batch_and_table_vs_direct(mixed_rows: np.ndarray) -> None:
 
 
 def test_sketch_planes_are_the_planes_of_the_codes(mixed_rows: np.ndarray) -> None:
-    """The query path's one-call planes equal the planes of the codes of the sketch, for rows the
-    walk takes (images), signed rows, one row, sparse input, and widths of 1 to 16 bits."""
-    X = mixed_rows
+    """The query path's one-call planes (float32 rows) equal the planes of the codes of the
+    sketch, for rows the walk takes (images), signed rows, one row, and widths of 1 to 16 bits;
+    float64 and sparse rows, which take the sketch's own path, too."""
+    X32 = mixed_rows.astype(np.float32)
     for k, bits in ((512, 8), (96, 1), (33, 3), (64, 16)):
-        want = bit_planes(bbit_codes(sketch(X, k, seed=9), bits, 9), bits)
-        np.testing.assert_array_equal(sketch_planes(X, k, 9, bits), want)
-        np.testing.assert_array_equal(sketch_planes(X[200:201].astype(np.float32), k, 9, bits), want[200:201])
-        np.testing.assert_array_equal(sketch_planes(sp.csr_matrix(X), k, 9, bits), want)
+        want = bit_planes(bbit_codes(sketch(X32, k, seed=9), bits, 9), bits)
+        np.testing.assert_array_equal(sketch_planes(X32, k, 9, bits), want)
+        np.testing.assert_array_equal(sketch_planes(X32[200:201], k, 9, bits), want[200:201])
+        np.testing.assert_array_equal(sketch_planes(sp.csr_matrix(X32), k, 9, bits), want)
+        np.testing.assert_array_equal(sketch_planes(X32.astype(np.float64), k, 9, bits), want)
 
 
 def test_direct_path_past_its_coordinate_cache(mixed_rows: np.ndarray, monkeypatch) -> None:
