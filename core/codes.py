@@ -64,31 +64,6 @@ def bbit_codes(istar, b: int = 8, seed: int = 0, tstar=None, t_bits: int = 0) ->
     return out[0] if np.ndim(istar) == 1 else out
 
 
-@njit(nogil=True, cache=True)
-def istar_planes(istar, b, seed, out):
-    """``bit_planes(bbit_codes(istar, b, seed), b)`` into ``out`` (n, b·words), without the codes
-    array between: each word's 64 codes hashed into a small buffer, then its ``b`` plane words
-    gathered from it (the query path: one compiled call where there were four numpy ones)."""
-    n, k = istar.shape
-    words = out.shape[1] // b
-    mask = np.uint64((1 << b) - 1)
-    s = np.uint64(seed)
-    buf = np.zeros(WORD, dtype=np.uint64)
-    for v in range(n):
-        for w in range(words):
-            lo = w * WORD
-            hi = min(k, lo + WORD)
-            for j in range(lo, hi):
-                buf[j - lo] = hash_code(s, np.uint64(j), np.uint64(istar[v, j])) & mask
-            for j in range(hi - lo, WORD):  # samples past k: 0 on every row
-                buf[j] = 0
-            for p in range(b):
-                acc = np.uint64(0)
-                for t in range(WORD):
-                    acc |= ((buf[t] >> np.uint64(p)) & np.uint64(1)) << np.uint64(t)
-                out[v, p * words + w] = acc
-
-
 # --- packing for storage --------------------------------------------------------------
 
 

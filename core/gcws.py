@@ -36,7 +36,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from gmmlsh.core.bundles import frozen
-from gmmlsh.core.codes import bbit_codes, bit_planes, istar_planes, plane_words
+from gmmlsh.core.codes import _codes, _planes, bbit_codes, bit_planes, plane_words
 from gmmlsh.core.gcws_walk import BYTES_PER_ENTRY, build_walk_table, sign_bounds, walk_vector
 from gmmlsh.core.lane_step import broadcast_step
 from gmmlsh.core.parallel import spread
@@ -183,12 +183,17 @@ def _sample_dense(X, rowmap, table, walk_e, walk_c, k, out_i, out_t, want_t):
 
 @njit(nogil=True, cache=True)
 def _dense_planes(X, rowmap, table, walk_e, walk_c, k, bits, seed, out):
-    """:func:`_sample_dense` (i* only) and :func:`~gmmlsh.core.codes.istar_planes` of dense rows
-    in one call: the bit planes of their b-bit codes into ``out``."""
+    """:func:`_sample_dense` (i* only), the b-bit codes and their bit planes (the kernels of
+    :func:`~gmmlsh.core.codes.bbit_codes` and :func:`~gmmlsh.core.codes.bit_planes`) of dense
+    rows in one call, into ``out``."""
     istar = np.empty((X.shape[0], k), dtype=np.int32)
-    no_t = k < 0  # False, worked out: a literal False would compile the sampler once more for it
-    _sample_dense(X, rowmap, table, walk_e, walk_c, k, istar, np.empty((1, 1), dtype=np.int64), no_t)
-    istar_planes(istar, bits, seed, out)
+    no_t = k < 0  # False, worked out: a literal False would compile the kernels once more for it
+    no_tstar = np.empty((1, 1), dtype=np.int64)
+    _sample_dense(X, rowmap, table, walk_e, walk_c, k, istar, no_tstar, no_t)
+    planes = _planes(_codes(istar, no_tstar, no_t, np.int64(0), bits, seed), bits, out.shape[1] // bits)
+    for v in range(out.shape[0]):  # loops, not a slice assignment: that compiles numba's shape errors
+        for w in range(out.shape[1]):
+            out[v, w] = planes[v, w]
 
 
 @njit(nogil=True, cache=True)
