@@ -500,8 +500,6 @@ def report(a, shape: Shape, res: dict, run: dict, slow: float, machine: MachineL
         took = [p[1] for p in run["polls"]]
         L.append(f"`GET /stats` polled {len(took)} times (once a second) during the run: slowest {max(took):.2f} s, "
                  f"failed {sum(p[2] is not None for p in run['polls'])}." if took else "`GET /stats` never answered.")
-        L += [f"- server log at {t - run['t0']:,.1f} s: {line[:300]}" for t, line in run["logs"]
-              if "tuned" in line or "upkeep" in line]
     errors = [line for _, line in run["logs"] if "Traceback" in line or "ERROR" in line] if a.http else \
         [m for _, lvl, m in run["logs"] if lvl in ("ERROR", "CRITICAL")]
     if errors:
