@@ -111,6 +111,12 @@ class SparseRow(NamedTuple):
         return sp.csr_matrix((self.values, self.indices, np.array([0, self.indices.shape[0]], np.int32)),
                              shape=(1, self.dim))
 
+    def dense(self) -> np.ndarray:
+        """The row scattered into zeros, ``(1, dim)`` float32."""
+        row = np.zeros((1, self.dim), dtype=np.float32)
+        row[0, self.indices] = self.values
+        return row
+
 
 def query_rows(vector, dim: int):
     """One query vector — dense, ``(indices, values)`` or a 1-row CSR — validated and at stored

@@ -24,6 +24,7 @@ import scipy.sparse as sp
 from gmmlsh.core import nrff
 from gmmlsh.core.bundles import Budget, Query
 from gmmlsh.core.codes import bit_planes
+from gmmlsh.core.gcws import table_fits
 from gmmlsh.core.gmm import l1_norm, l1_norms
 from gmmlsh.core.ivf import FIRST_WORDS, first_rows
 from gmmlsh.core.parallel import spread
@@ -95,9 +96,11 @@ def prepare_vectors(X32, config: IndexConfig, sketch: bool = True, codes: np.nda
                     ) -> list[Prepared]:
     """Validated rows at stored precision (dense 2-D, CSR or a :class:`SparseRow`) → prepared
     queries; hashed only if ``sketch`` (brute force needs no sketch, and hashing a sparse query
-    costs ~1 ms), unless their ``codes`` are given (:func:`query_codes`, checked by the caller)."""
+    costs ~1 ms), unless their ``codes`` are given (:func:`query_codes`, checked by the caller).
+    A sparse row of a dimension whose hashing table fits is prepared dense: hashed by one compiled
+    call, where its own path made six (a strokes query: 110 → 66 µs to prepare)."""
     if isinstance(X32, SparseRow):
-        X32 = X32.csr()
+        X32 = X32.dense() if table_fits(config.dim, config.samples) else X32.csr()
     Xh = as_hashed(X32, config)
     n = Xh.shape[0]
     planes = first = [None] * n

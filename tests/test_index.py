@@ -920,3 +920,27 @@ def test_a_full_disk_is_a_clear_error_loses_nothing_and_writes_resume(small_disk
         ix.upsert(["after"], X[:1] + 1)
         assert ix.query(X[0] + 1, k=1).neighbors[0].id == "after"
         assert ix.check().ok
+
+
+@pytest.mark.parametrize("dim", [784, 5000])
+def test_a_sparse_query_is_prepared_as_its_dense_form(dim):
+    """A sparse query row is prepared dense where the index's hashing table fits (784: one
+    compiled call) and as a CSR row where it does not (5,000 × 512 samples): either way the
+    same planes, first-stage row, values and norm as the vector sent dense."""
+    from gmmlsh.core.gcws import table_fits
+    from gmmlsh.index.records import query_rows
+    from gmmlsh.index.search import prepare_vectors
+
+    config = IndexConfig(dim=dim)
+    assert table_fits(dim, config.samples) == (dim == 784)
+    rng = np.random.default_rng(dim)
+    x = np.zeros(dim, np.float32)
+    nz = np.sort(rng.choice(dim, 140, replace=False))
+    x[nz] = rng.integers(1, 255, nz.shape[0]) * rng.choice([-1, 1], nz.shape[0])
+    sparse = query_rows((nz, x[nz]), dim)
+    assert not isinstance(sparse, np.ndarray)  # a SparseRow, as the API makes of (indices, values)
+    (got,), (want,) = prepare_vectors(sparse, config), prepare_vectors(query_rows(x, dim), config)
+    for field in ("planes", "first", "dense"):
+        np.testing.assert_array_equal(getattr(got.q, field), getattr(want.q, field))
+    assert got.q.norm == want.q.norm
+    assert (got.nonzero is None) == (dim == 784)  # prepared dense where the table fits
