@@ -3,7 +3,6 @@
     python -m bench.bench_fixed_search INDEX ../shared/data/fashion-mnist.npz [--queries 1000] [--rounds 3]
     python -m bench.bench_fixed_search INDEX --zoo strokes --search 64/3000/4/150 --parts
 
-
 Opens ``INDEX`` (built by the version under test) with the same search forced on it
 (``probes`` 8, ``shortlist`` 250, 4 rank bits, 100 candidates: the tuner's choice, which
 varies run to run, taken out of the comparison), one thread, and times the first test images
@@ -11,8 +10,8 @@ of the ``.npz`` one per call and as one ``query_batch``; prints the median round
 (``--zoo SHAPE``: the held-out queries of a shape of :mod:`bench.zoo` instead, in the form it
 gives them — one-row CSR matrices for strokes and text; ``--search``: another fixed search). It
 imports nothing of the repository but the API every version has (``Index.open(search=...)``,
-``query``, ``query_batch``), so the same file times an older checkout: run it from outside the
-repository with that checkout's package first on ``PYTHONPATH``.
+``query``, ``query_batch``; and ``bench.zoo`` with ``--zoo``), so the same file times an older
+checkout: run it from outside the repository with that checkout's package first on ``PYTHONPATH``.
 
 ``--parts``: instead, the CPU time of a query's parts, one per call — preparing it
 (``prepare_vectors``: validation, hashing, bit planes), the search kernel, building the
