@@ -493,15 +493,18 @@ def test_the_search_is_tuned_reported_and_overridable(location, fmnist):
 @pytest.mark.parametrize("answers_only", [False, True])
 def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp_path, fmnist, monkeypatch,
                                                                              answers_only):
-    """When the tuner finds no setting reaching its target recall (or exact is cheaper), the
-    default query answers by brute force and says so; a query's own knobs still reach the lists.
-    ``answers_only``: the trials' candidates reach it but no finalist's answers do (the coarse
-    ranking lost true rows): no sketch search either."""
+    """When the tuner finds no setting reaching its target recall and exact search costs at most
+    EXACT_MARGIN times the widest sketch search, the default query answers by brute force and says
+    so; a query's own knobs still reach the lists. ``answers_only``: the trials' candidates reach
+    it but no finalist's answers do (the coarse ranking lost true rows): no sketch search either.
+    Exact search is timed at half the margin (at 3,000 rows it costs ~2× the widest sketch search
+    here, and a noisy timing of 8 queries passed 3×)."""
     from gmmlsh.index import tuner
 
     X, _, Q, _ = fmnist
     # nothing reaches the target; or only the candidates do
     monkeypatch.setattr(tuner, "_recall", lambda *a, scored=False: 1.0 if answers_only and not scored else 0.0)
+    monkeypatch.setattr(tuner, "_exact_seconds", lambda view, qs, rival: rival / 2)
     with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
         ix.upsert(_ids(0, 3000), X[:3000])
         done = ix.maintain()
@@ -509,6 +512,22 @@ def test_where_no_sketch_search_reaches_the_target_the_index_answers_exactly(tmp
         res = ix.query(Q[0], k=3)
         assert res.mode == "exact" and res.candidates == 3000
         assert ix.query(Q[0], k=3, candidates=50).mode == "sketch"
+
+
+def test_where_exact_search_costs_past_the_margin_the_widest_search_answers(tmp_path, fmnist, monkeypatch):
+    """No cliff: where nothing reaches the target and exact search costs more than EXACT_MARGIN
+    times the widest sketch search, the index keeps that search and says it missed."""
+    from gmmlsh.index import tuner
+
+    X, _, Q, _ = fmnist
+    monkeypatch.setattr(tuner, "_recall", lambda *a, scored=False: 0.0)
+    monkeypatch.setattr(tuner, "_exact_seconds", lambda view, qs, rival: rival * 2)
+    with Index.open(tmp_path / "t", IndexConfig(dim=784, samples=64), maintain=False) as ix:
+        ix.upsert(_ids(0, 3000), X[:3000])
+        report = ix.maintain()["tune"][0]
+        assert report["chosen"] == "sketch" and not ix.stats()["search"]["exact"]
+        assert report["widened"] and report["widest_recall_bound"] == 0.0
+        assert ix.query(Q[0], k=3).mode == "sketch"
 
 
 def test_tuning_trials_find_the_rows_the_search_finds_and_its_recall(tmp_path, fmnist):
