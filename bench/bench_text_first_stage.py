@@ -24,10 +24,11 @@ import numpy as np
 
 from bench import sparse_data
 from bench.common import emit
+from gmmlsh.core.postings import HEAD_SHARE
 
-#: Head coordinates: held by at least this share of the rows (``core.postings.HEAD_SHARE``).
-HEAD_SHARE = 1 / 8
 RARE_SHARES = (1 / 128, 1 / 64, 1 / 32)
+#: Rare coordinates' share read beside the head coordinates in the second table.
+HEADS_RARE = 1 / 64
 HEADS = (8, 16, 24, None)  # None: every head coordinate of the query
 CANDIDATES = (400, 1200, 4000)
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| 1/{round(1 / share)} | {np.median(reached):,.0f} | {np.median(reached) / n:.3f} | "
                      f"{np.mean(kept):.3f} |")
     lines += ["", f"Head coordinates read (a query's largest {'values' if a.by == 'count' else 'idf'} first) and "
-              "rare ones at 1/64: the true top 10 among the best C by the partial ratio", "",
+              f"rare ones at 1/{round(1 / HEADS_RARE)}: the true top 10 among the best C by the partial ratio", "",
               "| head coordinates read | " + " | ".join(f"C {c:,}" for c in CANDIDATES) + " |",
               "|---|" + "---:|" * len(CANDIDATES)]
     kept_at = {(h, c): [] for h in HEADS for c in CANDIDATES}
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         words, values = Q.indices[lo:hi], Q.data[lo:hi]
         rare_sum = np.zeros(n)
         for t, v in zip(words, values, strict=True):
-            if 0 < held[t] <= n / 64:
+            if 0 < held[t] <= HEADS_RARE * n:
                 rows, vals = column(t)
                 rare_sum[rows] += np.minimum(vals, v)
         mine = np.flatnonzero(head[words])
