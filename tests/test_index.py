@@ -738,10 +738,20 @@ def test_where_nothing_reaches_the_target_both_families_are_widened_and_the_bett
     assert tuner._widest(trials, [], [], found[:1], widest)[0][0].probes == 0
     assert all(t[0] == "sketch" for t in tried)
     tried.clear()
-    trials.late = True  # the tuning has run WIDEN_SECONDS: no step is taken (the postings search's start is scored)
+    trials.late = True  # the tuning has run WIDEN_SECONDS: no step is taken, each family's start is scored
     trials.view.postings_search = True
     assert tuner._widest(trials, [], [], found, widest) == [(SearchParams(rare=1 / 128, candidates=200), 0.94)]
-    assert tried == [("postings", 1 / 128, 200)]
+    assert tried == [("sketch", 16, 500, 200), ("postings", 1 / 128, 200)]  # the sketch search's start: 0.9
+    tried.clear()
+    sketch = lambda p: 0.95  # noqa: E731 - its start recalls more than the postings search's: it answers
+    assert tuner._widest(trials, [], [], found, widest) == [(found[0][1], 0.95)]
+    tried.clear()
+    # strokes at 2M under a writer: the truth took most of the time, the sketch searches the exploration
+    # found missed on the whole sample and it found no postings search (each 0.1 s a query). The sketch
+    # search's start answers with its recall; no postings search is started (its first pass took 13 s,
+    # and with the sketch search's recall counted as 0 it answered: 0.78 at 0.1 s a query)
+    assert tuner._widest(trials, [], [], found[:1], widest) == [(found[0][1], 0.95)]
+    assert tried == [("sketch", 16, 500, 200)]
 
 
 def _listed(view) -> np.ndarray:
