@@ -373,7 +373,7 @@ def _widened(trials: _Trials, qs: list[Prepared], true: list, start: SearchParam
     tuner's ladder"). A step slower than ``cap`` seconds a query is not taken (another search,
     already known, answers faster), nor any once the tuning has run :data:`WIDEN_SECONDS`.
     ``turn``: the way tried first (1: the shortlist). Where no step is taken: ``start`` and its
-    recall, scored on the whole sample (``at_start`` where the caller knows it). A bare 0 there
+    recall, scored on the whole sample (``at_start``: what the caller knows of it). A bare 0 there
     lost to a postings search recalling 0.78 at 0.1 s a query (strokes at 2M under a writer: the
     time limit was reached before the first step)."""
     ladder = _probe_ladder(trials.view.list_count)
@@ -510,7 +510,8 @@ def tune(view: View, config: IndexConfig, *, target: float | None = None, querie
     if not reached:  # nothing on the ladder: widened, each step cheaper than any postings search
         cap = trials.seconds(_CHEAPEST_POSTINGS) if view.postings_search else float("inf")
         start = replace(ladder_widest, probes=_saturated(trials, view.list_count, rank_choices[0]))
-        params, r = _widened(trials, qs, true, start, cap, turn=1)  # the lists recall what all do: shortlist first
+        # the lists recall what all do: the shortlist first; the start missed in the exploration
+        params, r = _widened(trials, qs, true, start, cap, turn=1, at_start=trials.recall(start))
         if r >= target:
             reached.append((trials.seconds(params), params, r))
     rival = min((s for s, _, _ in reached), default=float("inf"))
